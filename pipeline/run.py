@@ -1,0 +1,89 @@
+"""Entry point: python -m pipeline.run --input GLOB --output PATH --tokenizer SPEC [options] [Beam options]
+
+Exit codes: 0 the dataset was written and committed; 1 the pipeline failed (the output is
+left uncommitted, and `pipeline.verify` rejects it); 2 a usage or configuration error,
+found before any data was read.
+"""
+import json
+import logging
+import sys
+import time
+
+import apache_beam as beam
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from pipeline.graph import build_pipeline, plan_job
+from pipeline.options import FlatTokensOptions, OptionError, check_options, help_text, unknown_options
+from transforms import zarr_store
+from transforms.inputs import InputError
+from transforms.tokenize import TokenizerError
+
+USAGE_ERROR = 2
+PIPELINE_FAILED = 1
+
+
+def _fail(message: str, code: int) -> int:
+    print(f"flat-tokens: error: {message}", file=sys.stderr)
+    return code
+
+
+def summarize(output: str, wall_seconds: float, storage_options: dict | None = None) -> dict:
+    """The end-of-run summary, from the committed dataset's own attributes."""
+    attrs = zarr_store.read_root_attributes(output, storage_options)
+    stats = attrs["stats"]
+    tokens = sum(stats[s]["tokens"] for s in ("train", "validation"))
+    return {"output": output, "stats": stats, "wall_seconds": round(wall_seconds, 3),
+            "tokens_per_second": round(tokens / wall_seconds, 1) if wall_seconds > 0 else None,
+            "tokenizer": attrs.get("tokenizer"), "run_id": attrs.get("run_id")}
+
+
+def format_summary(summary: dict) -> str:
+    s = summary["stats"]
+    lines = [f"flat-tokens: wrote {summary['output']}",
+             f"  documents {s['documents']}  blank lines {s['blank']}  rejected lines {s['rejected']}  "
+             f"empty documents {s['empty']}"]
+    for split in ("train", "validation"):
+        lines.append(f"  {split}: {s[split]['sequences']} sequences, {s[split]['tokens']} tokens, "
+                     f"max_token_id {s[split]['max_token_id']}")
+    lines.append(f"  {summary['wall_seconds']:.1f} s, {summary['tokens_per_second'] or 0:,.0f} tokens/s")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--help" in argv or "-h" in argv:
+        print(help_text())
+        return 0
+    options = PipelineOptions(argv)
+    ft = options.view_as(FlatTokensOptions)
+    try:
+        unknown = unknown_options(argv)
+        if unknown:
+            raise OptionError(f"unknown option {unknown[0]}; see --help")
+        check_options(ft)
+        plan = plan_job(ft)
+        if zarr_store.output_state(plan.target) == "occupied" and not ft.overwrite:
+            raise zarr_store.OutputError(f"--output {ft.output}: exists and is not empty; pass --overwrite "
+                                         f"to replace it, or choose another path")
+    except (OptionError, InputError, TokenizerError, zarr_store.OutputError) as e:
+        return _fail(str(e), USAGE_ERROR)
+
+    started = time.time()
+    pipeline = beam.Pipeline(options=options)
+    build_pipeline(pipeline, plan)
+    try:
+        pipeline.run().wait_until_finish()
+    except Exception as e:  # Beam wraps worker errors; the last line holds the cause
+        cause = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+        return _fail(f"the pipeline failed; {ft.output} was not committed. Cause: {cause}", PIPELINE_FAILED)
+    summary = summarize(ft.output, time.time() - started)
+    print(format_summary(summary))
+    if ft.summary_json:
+        with open(ft.summary_json, "w") as f:
+            json.dump(summary, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    logging.getLogger().setLevel(logging.WARNING)
+    sys.exit(main())

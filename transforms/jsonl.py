@@ -1,0 +1,91 @@
+"""Turning the bytes of a JSONL file into documents, blank lines and rejected lines.
+
+Pure functions, so every rule is testable without a runner. Lines are split on b"\\n"
+only: U+2028, U+2029 and U+0085 inside a string are text, not line breaks. The meaning of
+a line is the standard library's `json` (orjson is only the fast path: when it refuses a
+line, `json` decides, so NaN or huge integers in other keys do not reject a document).
+"""
+import json
+
+import orjson
+
+BOM = b"\xef\xbb\xbf"
+EXCERPT_BYTES = 200
+_READ_BLOCK = 1 << 22
+
+# Reasons a line is rejected (the keys of stats["rejected_by_reason"]).
+INVALID_UTF8 = "invalid_utf8"
+INVALID_JSON = "invalid_json"
+NOT_AN_OBJECT = "not_an_object"
+MISSING_TEXT_KEY = "missing_text_key"
+TEXT_NOT_A_STRING = "text_not_a_string"
+UNENCODABLE_TEXT = "unencodable_text"  # lone surrogates: valid JSON, but no UTF-8 to tokenize
+
+
+def iter_lines(f, start: int = 0, stop: int | None = None):
+    """Yields (byte offset, line without its b"\\n") for each line starting in [start, stop).
+
+    A line belongs to the range holding its first byte, so consecutive ranges of one file
+    see every line exactly once. `f` is a binary file object positioned anywhere."""
+    if start > 0:
+        # The line holding byte start-1 belongs to the previous range, unless it ends there.
+        f.seek(start - 1)
+        pos = start - 1 + len(f.readline())
+    else:
+        if f.seekable():
+            f.seek(0)
+        pos = 0
+    pending = b""
+    while stop is None or pos < stop:
+        block = f.read(_READ_BLOCK)
+        if not block:
+            break
+        lines = (pending + block).split(b"\n")
+        pending = lines.pop()
+        for line in lines:
+            yield pos, line
+            pos += len(line) + 1
+            if stop is not None and pos >= stop:
+                return
+    if pending and (stop is None or pos < stop):
+        yield pos, pending
+
+
+def parse_line(raw: bytes, text_key: str) -> tuple[str | None, str | None]:
+    """Returns (text, None) for a document, (None, None) for a blank line, (None, reason) else."""
+    raw = raw.strip()
+    if raw.startswith(BOM):
+        raw = raw[len(BOM):].strip()
+    if not raw:
+        return None, None
+    checked_utf8 = True  # orjson refuses lone surrogates itself
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        checked_utf8 = False
+        try:
+            obj = json.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError:
+            return None, INVALID_UTF8
+        except ValueError:
+            return None, INVALID_JSON
+    if not isinstance(obj, dict):
+        return None, NOT_AN_OBJECT
+    if text_key not in obj:
+        return None, MISSING_TEXT_KEY
+    text = obj[text_key]
+    if not isinstance(text, str):
+        return None, TEXT_NOT_A_STRING
+    if not checked_utf8 and not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            return None, UNENCODABLE_TEXT
+    return text, None
+
+
+def excerpt(raw: bytes) -> str:
+    """A bounded, printable excerpt of a raw line for the rejected-lines report."""
+    cut = raw[:EXCERPT_BYTES]
+    text = cut.decode("utf-8", errors="backslashreplace")
+    return text + ("..." if len(raw) > EXCERPT_BYTES else "")

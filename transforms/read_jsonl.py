@@ -1,0 +1,88 @@
+"""ReadJsonlDocuments: byte ranges of JSONL files -> batches of documents, plus an account
+of every line that is not a document (blank lines counted, rejected lines reported)."""
+from collections import Counter
+
+import apache_beam as beam
+import numpy as np
+
+from transforms import jsonl
+from transforms.inputs import ReadRange, open_input
+from transforms.records import DocumentBatch
+
+REJECTED = "rejected"
+LINE_COUNTS = "line_counts"
+COUNTS = "counts"
+
+
+class ReadRangeFn(beam.DoFn):
+    """Reads one ReadRange. Main output: DocumentBatch. Tagged outputs:
+    `rejected` (one dict per rejected line), `line_counts` ((file key, range start, lines))
+    so rejected lines get 1-based line numbers later, and `counts` (a Counter per range)."""
+
+    def __init__(self, text_key: str, batch_bytes: int, batch_documents: int, storage_options: dict | None):
+        self._text_key = text_key
+        self._batch_bytes = batch_bytes
+        self._batch_documents = batch_documents
+        self._storage_options = storage_options
+
+    def process(self, rng: ReadRange):
+        counts = Counter()
+        offsets, texts, size = [], [], 0
+        lines = 0
+
+        def flush():
+            batch = DocumentBatch(rng.file.key, rng.file.split, np.array(offsets, dtype=np.uint64), list(texts))
+            offsets.clear()
+            texts.clear()
+            return batch
+
+        with open_input(rng.file, self._storage_options) as f:
+            for offset, raw in jsonl.iter_lines(f, rng.start, rng.stop):
+                lines += 1
+                text, reason = jsonl.parse_line(raw, self._text_key)
+                if text is not None:
+                    offsets.append(offset)
+                    texts.append(text)
+                    size += len(text)
+                    if size >= self._batch_bytes or len(texts) >= self._batch_documents:
+                        counts["documents"] += len(texts)
+                        size = 0
+                        yield flush()
+                elif reason is None:
+                    counts["blank"] += 1
+                else:
+                    counts["rejected"] += 1
+                    counts["rejected:" + reason] += 1
+                    yield beam.pvalue.TaggedOutput(REJECTED, {
+                        "file": rng.file.url, "file_key": rng.file.key, "range_start": rng.start,
+                        "line_in_range": lines, "offset": offset, "reason": reason,
+                        "excerpt": jsonl.excerpt(raw),
+                    })
+        if texts:
+            counts["documents"] += len(texts)
+            yield flush()
+        counts["lines"] += lines
+        yield beam.pvalue.TaggedOutput(LINE_COUNTS, (rng.file.key, rng.start, lines))
+        yield beam.pvalue.TaggedOutput(COUNTS, counts)
+
+
+class ReadJsonlDocuments(beam.PTransform):
+    """Reads byte ranges of JSONL files in parallel into DocumentBatches.
+
+    The result is a DoOutputsTuple: the main output, and the `rejected`, `line_counts` and
+    `counts` tagged outputs described on ReadRangeFn."""
+
+    def __init__(self, ranges: list[ReadRange], text_key: str, batch_bytes: int = 1 << 23,
+                 batch_documents: int = 8192, storage_options: dict | None = None):
+        super().__init__()
+        self._ranges = ranges
+        self._fn = ReadRangeFn(text_key, batch_bytes, batch_documents, storage_options)
+
+    def expand(self, pbegin):
+        return (
+            pbegin
+            | "ListRanges" >> beam.Create(self._ranges)
+            # Spread ranges over workers: Create alone may hand them all to one.
+            | "SpreadRanges" >> beam.Reshuffle()
+            | "ReadRanges" >> beam.ParDo(self._fn).with_outputs(REJECTED, LINE_COUNTS, COUNTS, main="documents")
+        )

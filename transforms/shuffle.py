@@ -1,0 +1,97 @@
+"""ShuffleGlobally: tokenized batches -> shards of documents in their final, shuffled order.
+
+Three steps, as in TFDS's Beam writer: key every document by a salted hash of its place
+in the input (transforms.shuffle_keys), group documents by the hash range (shard) they
+fall into, and sort each shard by hash. The shard sizes are known before the group-by,
+so offsets can be laid out while the shuffle runs (see transforms.write_zarr).
+"""
+import apache_beam as beam
+import numpy as np
+
+from transforms import shuffle_keys as keys
+from transforms.records import ShardPart, ShardSize, SortedShard, TokenizedBatch
+
+SPLITS = ("train", "validation")
+
+
+def gather_segments(tokens: np.ndarray, lengths: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """The documents of a flat token array, concatenated in `order` (vectorised, no loop)."""
+    starts = np.cumsum(lengths) - lengths
+    picked = lengths[order]
+    total = int(picked.sum())
+    if total == 0:
+        return tokens[:0]
+    # Position j of the output reads tokens[start of its document + j - output start of it].
+    out_starts = np.cumsum(picked) - picked
+    shift = np.repeat(starts[order] - out_starts, picked)
+    return tokens[np.arange(total, dtype=np.int64) + shift]
+
+
+def split_and_shard(batch: TokenizedBatch, seed: int, validation_fraction: float,
+                    num_shards: dict[str, int]):
+    """Yields ((split, shard), ShardPart) for each (split, shard) that the batch's documents hit."""
+    order_salt = keys.file_salt(seed, keys.ORDER, batch.file_key)
+    order_hashes = keys.place_hashes(order_salt, batch.offsets)
+    if batch.split == "auto":
+        split_hashes = keys.place_hashes(keys.file_salt(seed, keys.SPLIT, batch.file_key), batch.offsets)
+        split_index = keys.validation_mask(split_hashes, validation_fraction).astype(np.int64)
+    else:
+        split_index = np.full(batch.offsets.shape, SPLITS.index(batch.split), dtype=np.int64)
+    shards = np.where(split_index == 0,
+                      keys.shard_of(order_hashes, num_shards["train"]),
+                      keys.shard_of(order_hashes, num_shards["validation"]))
+    group = (split_index << 32) | shards
+    order = np.argsort(group, kind="stable")
+    bounds = np.flatnonzero(np.diff(group[order])) + 1
+    for members in np.split(order, bounds):
+        if members.size == 0:
+            continue
+        g = int(group[members[0]])
+        yield (SPLITS[g >> 32], g & 0xFFFFFFFF), ShardPart(
+            order_hashes=order_hashes[members],
+            salts=np.full(members.size, order_salt, dtype=np.uint64),
+            offsets=batch.offsets[members],
+            lengths=batch.lengths[members],
+            tokens=gather_segments(batch.tokens, batch.lengths, members),
+        )
+
+
+def size_of(keyed_part) -> ShardSize:
+    (split, shard), part = keyed_part
+    max_id = int(part.tokens.max() >> 1) if part.tokens.size else -1
+    return ShardSize(split, shard, int(part.tokens.size), int(part.lengths.size), max_id)
+
+
+def sort_shard(keyed_parts) -> SortedShard:
+    """Concatenates a shard's parts and sorts its documents by (hash, salt, offset)."""
+    (split, shard), parts = keyed_parts
+    parts = list(parts)
+    hashes = np.concatenate([p.order_hashes for p in parts])
+    salts = np.concatenate([p.salts for p in parts])
+    offsets = np.concatenate([p.offsets for p in parts])
+    lengths = np.concatenate([p.lengths for p in parts])
+    tokens = np.concatenate([p.tokens for p in parts])
+    order = keys.shuffled_order(hashes, salts, offsets)
+    return SortedShard(split, shard, lengths[order], gather_segments(tokens, lengths, order))
+
+
+class ShuffleGlobally(beam.PTransform):
+    """TokenizedBatches -> (SortedShards, ShardSizes). Each split's shards, concatenated in
+    shard order, are that split's documents in a seeded uniformly random order."""
+
+    def __init__(self, seed: int, validation_fraction: float, num_shards: dict[str, int]):
+        super().__init__()
+        self._seed = seed
+        self._validation_fraction = validation_fraction
+        self._num_shards = num_shards
+
+    def expand(self, batches):
+        parts = batches | "KeyByShard" >> beam.FlatMap(
+            split_and_shard, self._seed, self._validation_fraction, self._num_shards)
+        sizes = parts | "MeasureParts" >> beam.Map(size_of)
+        shards = (
+            parts
+            | "GroupByShard" >> beam.GroupByKey()
+            | "SortShard" >> beam.Map(sort_shard)
+        )
+        return shards, sizes

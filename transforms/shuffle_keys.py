@@ -1,0 +1,68 @@
+"""Where each document goes: a seeded, uniform, reproducible permutation, as pure functions.
+
+A document's position in the output is decided by a 64-bit hash of its *place* in the
+input (the input's index on the command line, its file name relative to the input root,
+and the byte offset of its line in the uncompressed file) salted with the seed. Sorting
+by that hash is a uniformly random permutation that depends on nothing else: not on the
+runner, the worker count, bundle sizes, or how files were split for reading. Identical
+texts at different places get independent hashes, so duplicates are scattered.
+
+Shards are contiguous *ranges* of the hash space, so sorting each shard and concatenating
+shards in index order gives the same global order whatever the number of shards.
+"""
+import hashlib
+
+import numpy as np
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MUL1 = np.uint64(0xBF58476D1CE4E5B9)
+_MUL2 = np.uint64(0x94D049BB133111EB)
+
+# Purposes keep the order hash and the split hash independent of each other.
+ORDER = "order"
+SPLIT = "split"
+
+
+def file_salt(seed: int, purpose: str, file_key: str) -> np.uint64:
+    """A 64-bit salt for one input file, from the seed, a purpose and the file's stable key."""
+    digest = hashlib.blake2b(f"{seed}\0{purpose}\0{file_key}".encode(), digest_size=8).digest()
+    return np.uint64(int.from_bytes(digest, "little"))
+
+
+def splitmix64(x: np.ndarray) -> np.ndarray:
+    """The SplitMix64 finaliser: a bijection on uint64 whose outputs look independent."""
+    with np.errstate(over="ignore"):
+        z = np.asarray(x, dtype=np.uint64) + _GOLDEN
+        z = (z ^ (z >> np.uint64(30))) * _MUL1
+        z = (z ^ (z >> np.uint64(27))) * _MUL2
+        return z ^ (z >> np.uint64(31))
+
+
+def place_hashes(salt: np.uint64, offsets: np.ndarray) -> np.ndarray:
+    """Hashes of the documents at byte `offsets` of one file: distinct offsets, distinct hashes."""
+    return splitmix64(splitmix64(offsets) ^ salt)
+
+
+def validation_mask(split_hashes: np.ndarray, fraction: float) -> np.ndarray:
+    """True for documents that go to validation: a hash below `fraction` of the hash range."""
+    if fraction <= 0:
+        return np.zeros(split_hashes.shape, bool)
+    if fraction >= 1:
+        return np.ones(split_hashes.shape, bool)
+    threshold = np.uint64(min(int(fraction * 2.0**64), 2**64 - 1))
+    return split_hashes < threshold
+
+
+def shard_of(order_hashes: np.ndarray, num_shards: int) -> np.ndarray:
+    """The shard of each hash: shard i holds hashes in [i, i+1) * 2**64 / num_shards (about).
+
+    Monotone in the hash, so shards are hash ranges and their concatenation is sorted."""
+    if not 1 <= num_shards < 2**32:
+        raise ValueError(f"num_shards must be in [1, 2**32), got {num_shards}")
+    high = np.asarray(order_hashes, dtype=np.uint64) >> np.uint64(32)
+    return ((high * np.uint64(num_shards)) >> np.uint64(32)).astype(np.int64)
+
+
+def shuffled_order(order_hashes: np.ndarray, salts: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Indices that sort documents by (hash, file salt, offset): a total, stable order."""
+    return np.lexsort((offsets, salts, order_hashes))

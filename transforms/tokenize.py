@@ -1,0 +1,154 @@
+"""Tokenizing batches of documents into flat numpy arrays, with no special tokens added.
+
+A tokenizer is named by a spec: `bytes` (built in: UTF-8 byte b becomes id b + 1), a
+`tokenizer.json` path or fsspec URL, or a HuggingFace hub name when the network allows.
+The spec is resolved once when the pipeline is built (so a bad spec fails before any
+worker starts); workers load the same bytes again and check their sha256, so a tokenizer
+file replaced during a run fails the job instead of mixing two tokenizers.
+"""
+import hashlib
+from dataclasses import dataclass
+
+import apache_beam as beam
+import fsspec
+import numpy as np
+
+from transforms.records import DocumentBatch, TokenizedBatch
+
+BYTES = "bytes"
+MAX_TOKEN_ID = 2**31 - 1
+_BYTES_IDENTITY = b"flat-tokens-beam builtin bytes tokenizer v1: UTF-8 byte b -> id b+1"
+
+
+class TokenizerError(ValueError):
+    """The tokenizer spec cannot be used; the message names the spec and the fix."""
+
+
+@dataclass(frozen=True)
+class TokenizerInfo:
+    spec: str
+    kind: str  # "bytes", "file" or "hub"
+    sha256: str
+    vocab_size: int
+
+    def provenance(self) -> dict:
+        return {"spec": self.spec, "kind": self.kind, "sha256": self.sha256, "vocab_size": self.vocab_size}
+
+
+def _looks_like_hub_name(spec: str) -> bool:
+    return not spec.endswith(".json") and "://" not in spec and spec.count("/") <= 1 and not spec.startswith((".", "/"))
+
+
+def _load_json_text(spec: str, storage_options: dict | None) -> tuple[str, str]:
+    """The tokenizer.json text for a spec, and its kind ("file" or "hub")."""
+    try:
+        fs, path = fsspec.core.url_to_fs(spec, **(storage_options or {}))
+        if fs.exists(path):
+            with fs.open(path, "rb") as f:
+                return f.read().decode("utf-8"), "file"
+    except (OSError, ValueError, UnicodeDecodeError) as e:
+        raise TokenizerError(f"--tokenizer {spec}: cannot read it ({e})") from None
+    if not _looks_like_hub_name(spec):
+        raise TokenizerError(f"--tokenizer {spec}: no such file; give a tokenizer.json path or URL, "
+                             f"'bytes', or a HuggingFace hub name")
+    from tokenizers import Tokenizer
+    try:
+        return Tokenizer.from_pretrained(spec).to_str(), "hub"
+    except Exception as e:  # the hub client raises many kinds: offline, 404, auth
+        raise TokenizerError(f"--tokenizer {spec}: not a local file, and fetching it from the "
+                             f"HuggingFace hub failed ({type(e).__name__}: {str(e)[:200]}); "
+                             f"download tokenizer.json where the network allows and pass its path") from None
+
+
+def _parse(json_text: str, spec: str):
+    from tokenizers import Tokenizer
+    try:
+        return Tokenizer.from_str(json_text)
+    except Exception as e:  # tokenizers raises its own exception type for bad JSON
+        raise TokenizerError(f"--tokenizer {spec}: not a valid tokenizer.json ({str(e)[:200]})") from None
+
+
+def resolve_tokenizer(spec: str, storage_options: dict | None = None) -> TokenizerInfo:
+    """Checks that a spec loads, and returns its identity. Runs when the pipeline is built."""
+    if spec == BYTES:
+        return TokenizerInfo(BYTES, BYTES, hashlib.sha256(_BYTES_IDENTITY).hexdigest(), 257)
+    text, kind = _load_json_text(spec, storage_options)
+    tokenizer = _parse(text, spec)
+    return TokenizerInfo(spec, kind, hashlib.sha256(text.encode("utf-8")).hexdigest(),
+                         tokenizer.get_vocab_size(with_added_tokens=True))
+
+
+def encode_bytes(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """The built-in tokenizer: ids are UTF-8 bytes plus one."""
+    encoded = [t.encode("utf-8") for t in texts]
+    lengths = np.fromiter((len(b) for b in encoded), dtype=np.int64, count=len(encoded))
+    ids = np.frombuffer(b"".join(encoded), dtype=np.uint8).astype(np.uint32) + 1
+    return ids, lengths
+
+
+class HfEncoder:
+    """HuggingFace `tokenizers`, batch API (releases the GIL, uses all cores)."""
+
+    def __init__(self, tokenizer):
+        self._tokenizer = tokenizer
+
+    def __call__(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        encodings = self._tokenizer.encode_batch_fast(texts, add_special_tokens=False)
+        id_lists = [e.ids for e in encodings]
+        lengths = np.fromiter((len(ids) for ids in id_lists), dtype=np.int64, count=len(id_lists))
+        total = int(lengths.sum())
+        flat = np.fromiter((i for ids in id_lists for i in ids), dtype=np.int64, count=total)
+        return flat, lengths
+
+
+def load_encoder(info: TokenizerInfo, storage_options: dict | None = None):
+    """A callable texts -> (flat ids, lengths) for a resolved tokenizer, checked by sha256."""
+    if info.kind == BYTES:
+        return encode_bytes
+    text, _ = _load_json_text(info.spec, storage_options)
+    sha = hashlib.sha256(text.encode("utf-8")).hexdigest()
+    if sha != info.sha256:
+        raise TokenizerError(f"--tokenizer {info.spec}: its content changed while the job ran "
+                             f"(sha256 {sha}, expected {info.sha256}); rerun with a fixed tokenizer file")
+    return HfEncoder(_parse(text, info.spec))
+
+
+def encode_start_bits(ids: np.ndarray, lengths: np.ndarray, spec: str) -> np.ndarray:
+    """Flat-tokens encoding: 2*id, plus 1 on each sequence's first token. Lengths must be > 0."""
+    if ids.size and int(ids.max()) > MAX_TOKEN_ID:
+        raise TokenizerError(f"--tokenizer {spec}: produced token id {int(ids.max())}, above the "
+                             f"format's limit 2**31-1; this tokenizer cannot be stored as flat-tokens")
+    tokens = ids.astype(np.uint32) << np.uint32(1)
+    starts = np.cumsum(lengths) - lengths
+    tokens[starts] |= np.uint32(1)
+    return tokens
+
+
+def tokenize_batch(batch: DocumentBatch, encoder, spec: str) -> TokenizedBatch:
+    """Tokenizes a batch; documents that tokenize to nothing are dropped and counted."""
+    ids, lengths = encoder(batch.texts)
+    kept = lengths > 0
+    lengths = lengths[kept]
+    return TokenizedBatch(
+        file_key=batch.file_key,
+        split=batch.split,
+        offsets=batch.offsets[kept],
+        lengths=lengths,
+        tokens=encode_start_bits(ids, lengths, spec),
+        empty=int(np.count_nonzero(~kept)),
+    )
+
+
+class TokenizeBatches(beam.DoFn):
+    """DocumentBatch -> TokenizedBatch. The tokenizer is loaded lazily, once per worker."""
+
+    def __init__(self, info: TokenizerInfo, storage_options: dict | None = None):
+        self._info = info
+        self._storage_options = storage_options
+        self._encoder = None
+
+    def setup(self):
+        self._encoder = load_encoder(self._info, self._storage_options)
+
+    def process(self, batch: DocumentBatch):
+        yield tokenize_batch(batch, self._encoder, self._info.spec)

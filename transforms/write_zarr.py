@@ -1,0 +1,214 @@
+"""WriteFlatTokens: sorted shards -> one zarr group, every chunk written by exactly one owner.
+
+    lay out shards  ->  create arrays  ->  write owned chunks  ->  merge shared chunks
+
+Shard sizes are combined globally into offsets (a prefix sum over shards, in shard order),
+which every writer receives as a side input, together with the proof that the arrays were
+created at their final shapes. A writer writes the chunks lying wholly inside its region
+in one write, and hands the pieces of chunks it shares with a neighbour to a merge step
+keyed by chunk, which writes each of them once. Two writers never touch one chunk: zarr
+chunks are read-modify-written, so sharing one would silently lose data.
+
+Every write puts the same bytes at the same place whenever it runs, so Beam may retry
+any bundle. Each write reports how many chunks it wrote; the commit checks the total.
+"""
+from collections import Counter
+
+import apache_beam as beam
+import numpy as np
+
+from transforms import layout as plan
+from transforms import zarr_store as store
+from transforms.records import ShardSize, SortedShard
+from transforms.zarr_store import SEQ_STARTS, SPLITS, TOKENS, StoreTarget
+
+
+class LayOutShards(beam.CombineFn):
+    """ShardSizes -> {split: SplitLayout}: the global prefix sum of shard sizes."""
+
+    def create_accumulator(self):
+        return {}
+
+    def add_input(self, acc, size: ShardSize):
+        key = (size.split, size.shard)
+        tokens, sequences, max_id = acc.get(key, (0, 0, -1))
+        acc[key] = (tokens + size.tokens, sequences + size.sequences, max(max_id, size.max_token_id))
+        return acc
+
+    def merge_accumulators(self, accs):
+        merged = {}
+        for acc in accs:
+            for key, (t, n, m) in acc.items():
+                tokens, sequences, max_id = merged.get(key, (0, 0, -1))
+                merged[key] = (tokens + t, sequences + n, max(max_id, m))
+        return merged
+
+    def extract_output(self, acc):
+        return plan.lay_out(acc, SPLITS)
+
+
+class CreateArrays(beam.DoFn):
+    """Runs once: empties the output path (or refuses) and creates both splits' arrays."""
+
+    def __init__(self, target: StoreTarget, overwrite: bool):
+        self._target = target
+        self._overwrite = overwrite
+
+    def process(self, _, layout):
+        store.prepare_output(self._target, self._overwrite)
+        for split in SPLITS:
+            store.create_split(self._target, split, layout[split].tokens, layout[split].sequences)
+        yield True
+
+
+class _ArrayCache:
+    """Opens each output array once per worker; arrays are opened lazily because side
+    inputs (which prove the arrays exist) are not available in DoFn.setup()."""
+
+    def __init__(self, target: StoreTarget):
+        self._target = target
+        self._arrays = {}
+
+    def get(self, split: str, name: str):
+        if (split, name) not in self._arrays:
+            self._arrays[split, name] = store.open_array(self._target, split, name)
+        return self._arrays[split, name]
+
+
+def write_region(array, start: int, values: np.ndarray, block: int, length: int, split: str, name: str):
+    """Writes the whole blocks of [start, start+len(values)) this writer owns; yields the
+    rest as fragments (key, (start, values)) for the merge step, and receipts."""
+    region = plan.plan_region(start, start + values.size, block, length)
+    if region.direct:
+        a, b = region.direct
+        array[a:b] = values[a - start:b - start]
+        yield "receipt", (split, name, plan.block_count(b, block) - a // block)
+    for index, a, b in region.fragments:
+        yield "fragment", ((split, name, index), (a, values[a - start:b - start]))
+
+
+class WriteOwnedChunks(beam.DoFn):
+    """SortedShard -> writes its whole chunks; emits shared pieces (tag `fragments`) and
+    receipts (main output: (split, array, chunks written))."""
+
+    FRAGMENTS = "fragments"
+
+    def __init__(self, target: StoreTarget):
+        self._target = target
+        self._arrays = None
+
+    def setup(self):
+        self._arrays = _ArrayCache(self._target)
+
+    def process(self, shard: SortedShard, layout, created):
+        split = layout[shard.split]
+        token_offset, seq_offset, n_tokens, n_seqs = split.shards[shard.shard]
+        if (n_tokens, n_seqs) != (shard.tokens.size, shard.lengths.size):
+            raise RuntimeError(f"{shard.split} shard {shard.shard} holds {shard.tokens.size} tokens in "
+                               f"{shard.lengths.size} sequences, but was laid out as {n_tokens} in {n_seqs}: "
+                               f"the input changed while the job ran, or a stage is not deterministic")
+        starts = (np.cumsum(shard.lengths) - shard.lengths).astype(np.uint64) + np.uint64(token_offset)
+        pieces = ((TOKENS, token_offset, shard.tokens, split.tokens),
+                  (SEQ_STARTS, seq_offset, starts, split.sequences + 1))
+        yield from self._write(shard.split, pieces)
+
+    def _write(self, split, pieces):
+        for name, start, values, length in pieces:
+            array = self._arrays.get(split, name)
+            for kind, item in write_region(array, start, values, self._target.write_block(name), length, split, name):
+                yield item if kind == "receipt" else beam.pvalue.TaggedOutput(self.FRAGMENTS, item)
+
+
+class WriteEndMarkers(WriteOwnedChunks):
+    """Writes each split's last seq_starts entry (= its token count), which no shard owns."""
+
+    def process(self, _, layout, created):
+        for split in SPLITS:
+            total = layout[split]
+            marker = np.array([total.tokens], dtype=np.uint64)
+            yield from self._write(split, ((SEQ_STARTS, total.sequences, marker, total.sequences + 1),))
+
+
+class WriteSharedChunks(beam.DoFn):
+    """(chunk key, fragments) -> assembles the chunk and writes it once."""
+
+    def __init__(self, target: StoreTarget):
+        self._target = target
+        self._arrays = None
+
+    def setup(self):
+        self._arrays = _ArrayCache(self._target)
+
+    def process(self, keyed, layout, created):
+        (split, name, index), fragments = keyed
+        length = layout[split].tokens if name == TOKENS else layout[split].sequences + 1
+        a, b = plan.block_span(index, self._target.write_block(name), length)
+        fragments = sorted(fragments, key=lambda f: f[0])
+        position = a
+        for start, values in fragments:
+            if start != position:
+                raise RuntimeError(f"{split}/{name} chunk {index}: pieces leave a gap or overlap at "
+                                   f"{position} (next piece starts at {start}); refusing to write a "
+                                   f"chunk that would lose or duplicate data")
+            position += values.size
+        if position != b:
+            raise RuntimeError(f"{split}/{name} chunk {index}: pieces cover [{a}, {position}), expected [{a}, {b})")
+        self._arrays.get(split, name)[a:b] = np.concatenate([v for _, v in fragments])
+        yield split, name, 1
+
+
+class CountChunks(beam.CombineFn):
+    """Receipts (split, array, chunks) -> Counter of chunks written per (split, array)."""
+
+    def create_accumulator(self):
+        return Counter()
+
+    def add_input(self, acc, receipt):
+        split, name, chunks = receipt
+        acc[split, name] += chunks
+        return acc
+
+    def merge_accumulators(self, accs):
+        total = Counter()
+        for acc in accs:
+            total.update(acc)
+        return total
+
+    def extract_output(self, acc):
+        return dict(acc)
+
+
+class WriteFlatTokens(beam.PTransform):
+    """(SortedShards, ShardSizes) -> ({(split, array): chunks written} once every chunk is
+    written, the layout)."""
+
+    def __init__(self, target: StoreTarget, overwrite: bool):
+        super().__init__()
+        self._target = target
+        self._overwrite = overwrite
+
+    def expand(self, shards_and_sizes):
+        shards, sizes = shards_and_sizes
+        layouts = sizes | "LayOutShards" >> beam.CombineGlobally(LayOutShards())
+        layout = beam.pvalue.AsSingleton(layouts)
+        created = beam.pvalue.AsSingleton(
+            shards.pipeline
+            | "Once" >> beam.Create([None])
+            | "CreateArrays" >> beam.ParDo(CreateArrays(self._target, self._overwrite), layout))
+        owned = shards | "WriteOwnedChunks" >> beam.ParDo(
+            WriteOwnedChunks(self._target), layout, created).with_outputs(WriteOwnedChunks.FRAGMENTS, main="receipts")
+        markers = (
+            shards.pipeline
+            | "OnceMore" >> beam.Create([None])
+            | "WriteEndMarkers" >> beam.ParDo(WriteEndMarkers(self._target), layout, created)
+            .with_outputs(WriteOwnedChunks.FRAGMENTS, main="receipts"))
+        shared = (
+            (owned.fragments, markers.fragments)
+            | "GatherFragments" >> beam.Flatten()
+            | "GroupByChunk" >> beam.GroupByKey()
+            | "WriteSharedChunks" >> beam.ParDo(WriteSharedChunks(self._target), layout, created))
+        return (
+            (owned.receipts, markers.receipts, shared)
+            | "GatherReceipts" >> beam.Flatten()
+            | "CountChunks" >> beam.CombineGlobally(CountChunks())
+        ), layouts

@@ -1,0 +1,169 @@
+"""The output zarr group: where it lives, how its arrays are created, and how it is committed.
+
+The commit protocol: each split (`OUTPUT/train`, `OUTPUT/validation`) is created as the root
+of its own store, so creating its arrays writes no metadata at `OUTPUT` itself. The root
+group's metadata (`.zgroup`/`.zattrs`, or `zarr.json`) is written last, with the provenance
+and `"complete": true`. Until then zarr cannot open `OUTPUT` as a group and
+`pipeline.verify` reports an unfinished run.
+"""
+import posixpath
+from dataclasses import dataclass, field
+
+import numcodecs
+import zarr
+from fsspec.core import url_to_fs
+
+SPLITS = ("train", "validation")
+TOKENS = "encoded_tokens"
+SEQ_STARTS = "seq_starts"
+ROOT_METADATA = (".zgroup", ".zattrs", "zarr.json")
+RUN_ATTRIBUTE = "flat_tokens_run"
+
+
+class OutputError(ValueError):
+    """The output path cannot be used; the message names it and says what to do."""
+
+
+@dataclass(frozen=True)
+class StoreTarget:
+    """Everything a worker needs to open the output: plain data, so it pickles anywhere."""
+
+    url: str
+    zarr_format: int = 2
+    tokens_chunk: int = 1 << 20
+    seq_starts_chunk: int = 1 << 18
+    chunks_per_shard: int | None = None  # zarr v3 sharding: inner chunks per shard object
+    codec: str = "blosc-zstd"
+    run_id: str = ""
+    storage_options: dict = field(default_factory=dict)
+
+    def chunk(self, name: str) -> int:
+        return self.tokens_chunk if name == TOKENS else self.seq_starts_chunk
+
+    def write_block(self, name: str) -> int:
+        """The unit one writer must own: a chunk, or a whole shard object with sharding."""
+        return self.chunk(name) * (self.chunks_per_shard or 1)
+
+    def describe(self) -> dict:
+        return {"zarr_format": self.zarr_format, "codec": self.codec,
+                "chunks": {TOKENS: self.tokens_chunk, SEQ_STARTS: self.seq_starts_chunk},
+                "chunks_per_shard": self.chunks_per_shard}
+
+
+def _is_remote(url: str) -> bool:
+    return "://" in url and not url.startswith("file://")
+
+
+def child_url(url: str, name: str) -> str:
+    return url.rstrip("/") + "/" + name
+
+
+def make_store(url: str, storage_options: dict | None = None, read_only: bool = False):
+    if _is_remote(url):
+        return zarr.storage.FsspecStore.from_url(url, storage_options=storage_options or {}, read_only=read_only)
+    path = url[len("file://"):] if url.startswith("file://") else url
+    return zarr.storage.LocalStore(path, read_only=read_only)
+
+
+def filesystem(url: str, storage_options: dict | None = None):
+    return url_to_fs(url, **(storage_options or {}))
+
+
+def _compressors(target: StoreTarget, dtype_size: int):
+    cname, clevel = {"blosc-zstd": ("zstd", 3), "blosc-lz4": ("lz4", 5)}.get(target.codec, (None, None))
+    if target.codec == "zstd":
+        return numcodecs.Zstd(level=3) if target.zarr_format == 2 else zarr.codecs.ZstdCodec(level=3)
+    if cname is None:
+        raise OutputError(f"--codec {target.codec}: unknown; use blosc-zstd, blosc-lz4 or zstd")
+    if target.zarr_format == 2:
+        return numcodecs.Blosc(cname=cname, clevel=clevel, shuffle=numcodecs.Blosc.BITSHUFFLE)
+    return zarr.codecs.BloscCodec(cname=cname, clevel=clevel, shuffle="bitshuffle", typesize=dtype_size)
+
+
+def output_state(target: StoreTarget) -> str:
+    """"absent", "empty", "ours" (an unfinished run with this run id) or "occupied"."""
+    fs, path = filesystem(target.url, target.storage_options)
+    if not fs.exists(path):
+        return "absent"
+    if not fs.isdir(path):
+        return "occupied"
+    entries = {posixpath.basename(p.rstrip("/")) for p in fs.ls(path, detail=False)}
+    if not entries:
+        return "empty"
+    if entries <= set(SPLITS) and not entries & set(ROOT_METADATA):
+        try:
+            runs = {zarr.open_group(make_store(child_url(target.url, s), target.storage_options, True),
+                                    mode="r").attrs.get(RUN_ATTRIBUTE) for s in entries}
+        except (FileNotFoundError, zarr.errors.GroupNotFoundError, KeyError):
+            return "occupied"
+        if runs == {target.run_id} and target.run_id:
+            return "ours"
+    return "occupied"
+
+
+def remove_output(target: StoreTarget) -> None:
+    """Deletes the output, uncommitting it first so no reader sees a half-deleted dataset."""
+    fs, path = filesystem(target.url, target.storage_options)
+    for name in ROOT_METADATA:
+        p = posixpath.join(path, name)
+        if fs.exists(p):
+            fs.rm(p)
+    if fs.exists(path):
+        fs.rm(path, recursive=True)
+    fs.invalidate_cache()
+
+
+def prepare_output(target: StoreTarget, overwrite: bool) -> None:
+    """Makes the output path empty, or refuses: a finished dataset is never clobbered by accident."""
+    state = output_state(target)
+    if state in ("absent", "empty"):
+        return
+    if state == "ours" or overwrite:
+        remove_output(target)
+        return
+    raise OutputError(f"--output {target.url}: exists and is not empty; pass --overwrite to replace it, "
+                      f"or choose another path")
+
+
+def create_split(target: StoreTarget, split: str, tokens: int, sequences: int) -> None:
+    """Creates one split's group and arrays at their final shapes, before any data is written."""
+    store = make_store(child_url(target.url, split), target.storage_options)
+    group = zarr.create_group(store=store, zarr_format=target.zarr_format, overwrite=True,
+                              attributes={RUN_ATTRIBUTE: target.run_id})
+    for name, length, dtype in ((TOKENS, tokens, "uint32"), (SEQ_STARTS, sequences + 1, "uint64")):
+        size = 4 if dtype == "uint32" else 8
+        chunk = target.chunk(name)
+        group.create_array(
+            name, shape=(length,), dtype=dtype, fill_value=0,
+            chunks=(chunk,),
+            shards=(target.write_block(name),) if target.chunks_per_shard and target.zarr_format == 3 else None,
+            compressors=_compressors(target, size),
+            # Every chunk is written, even all-zero ones: the commit counts written chunks.
+            config={"write_empty_chunks": True},
+        )
+
+
+def open_array(target: StoreTarget, split: str, name: str):
+    store = make_store(child_url(target.url, split), target.storage_options)
+    return zarr.open_array(store=store, path=name, mode="r+", zarr_format=target.zarr_format)
+
+
+def commit(target: StoreTarget, root_attributes: dict, split_attributes: dict[str, dict]) -> None:
+    """Writes the split attributes, then the root group metadata: the dataset exists from here."""
+    for split, attrs in split_attributes.items():
+        group = zarr.open_group(make_store(child_url(target.url, split), target.storage_options),
+                                mode="r+", zarr_format=target.zarr_format)
+        group.attrs.update(attrs)
+    zarr.create_group(store=make_store(target.url, target.storage_options), zarr_format=target.zarr_format,
+                      attributes=root_attributes, overwrite=False)
+
+
+def read_root_attributes(url: str, storage_options: dict | None = None) -> dict:
+    group = zarr.open_group(make_store(url, storage_options, read_only=True), mode="r")
+    return dict(group.attrs)
+
+
+def url_exists(url: str, storage_options: dict | None = None) -> bool:
+    fs, path = filesystem(url, storage_options)
+    return fs.exists(path)
+
