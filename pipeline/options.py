@@ -5,8 +5,8 @@ import argparse
 from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
 
 DEFAULT_VALIDATION_FRACTION = 0.01
-DEFAULT_TOKENS_CHUNK = 1 << 20
-DEFAULT_SEQ_STARTS_CHUNK = 1 << 18
+DEFAULT_TOKENS_CHUNK = 1 << 18  # measured: docs/design.md, 'Chunks and codecs'
+DEFAULT_SEQ_STARTS_CHUNK = 1 << 16
 DEFAULT_SHARD_MB = 128
 
 

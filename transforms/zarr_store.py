@@ -13,6 +13,10 @@ import numcodecs
 import zarr
 from fsspec.core import url_to_fs
 
+# Multi-threaded Blosc writes blocks in the order threads finish: the same chunk would
+# compress to different bytes on a retry. Single-threaded, a rewrite is byte-identical.
+numcodecs.blosc.use_threads = False
+
 SPLITS = ("train", "validation")
 TOKENS = "encoded_tokens"
 SEQ_STARTS = "seq_starts"
@@ -30,8 +34,8 @@ class StoreTarget:
 
     url: str
     zarr_format: int = 2
-    tokens_chunk: int = 1 << 20
-    seq_starts_chunk: int = 1 << 18
+    tokens_chunk: int = 1 << 18
+    seq_starts_chunk: int = 1 << 16
     chunks_per_shard: int | None = None  # zarr v3 sharding: inner chunks per shard object
     codec: str = "blosc-zstd"
     run_id: str = ""

@@ -1,0 +1,421 @@
+"""Verify a flat-tokens dataset written by this pipeline (see docs: flat-tokens format).
+
+    python -m pipeline.verify PATH_OR_URL [--block N] [--storage_option KEY=VALUE ...]
+
+Checks, for a dataset at a local path or fsspec URL (file://, gs://, ...), zarr format 2 or 3:
+
+* the commit protocol: the root group metadata exists (it is written last), its attributes say
+  ``format == "flat-tokens"`` and ``complete is True``; otherwise the output is unfinished;
+* both splits ``train`` and ``validation`` exist and each is a flat-tokens array:
+  ``encoded_tokens`` 1-D uint32, ``seq_starts`` 1-D uint64, an integer ``max_token_id``
+  attribute; ``seq_starts[0] == 0``, ``seq_starts[-1] == len(encoded_tokens)``, strictly
+  increasing (no empty sequences); the start bit (``v & 1``) set exactly at ``seq_starts[:-1]``;
+* ``max_token_id`` is exact: for a non-empty split it equals the largest decoded id
+  (``v >> 1``), because this pipeline writes the exact maximum. For an empty split there is
+  no maximum to match, so any integer in ``[0, 2**31 - 1]`` is accepted (the pipeline's
+  choice, typically 0, is not part of the contract);
+* when the root has a ``stats`` attribute, ``stats[split]`` agrees with the arrays:
+  ``sequences == len(seq_starts) - 1``, ``tokens == len(encoded_tokens)``,
+  ``max_token_id ==`` the split attribute.
+
+Memory is O(--block) whatever the size of the arrays: ``encoded_tokens`` is walked in blocks
+and ``seq_starts`` is streamed alongside in blocks (merge style), never read whole.
+
+Exit status: 0 when every check holds, 1 on any violation (including an unfinished output),
+2 when the path does not exist or cannot be opened as a zarr group.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+
+import fsspec
+import numpy as np
+import zarr
+
+SPLITS = ("train", "validation")
+MAX_ID = 2**31 - 1
+DEFAULT_BLOCK = 1 << 22
+UNFINISHED = ("unfinished output: the run that wrote it did not finish (no root group metadata); "
+              "rerun with --overwrite")
+
+
+class CannotOpen(Exception):
+    """The dataset path does not exist or is not a zarr group (exit status 2)."""
+
+
+class _Stop(Exception):
+    """A split is broken in a way that makes further checks of it meaningless; carries the message."""
+
+
+@dataclass(frozen=True)
+class SplitSummary:
+    sequences: int
+    tokens: int
+    max_id: int  # largest decoded id, -1 for an empty split
+    max_token_id: int | None  # the split attribute, None when missing or invalid
+
+
+# ---------------------------------------------------------------------------------------------
+# Public API
+
+
+def verify_dataset(url: str, *, block: int = DEFAULT_BLOCK, storage_options: dict | None = None) -> list[str]:
+    """Returns the problems found in the dataset at `url` (empty when it is valid).
+
+    Raises CannotOpen when `url` does not exist or is not a zarr group."""
+    return check_dataset(url, block=block, storage_options=storage_options)[0]
+
+
+def check_dataset(url: str, *, block: int = DEFAULT_BLOCK, storage_options: dict | None = None
+                  ) -> tuple[list[str], dict[str, SplitSummary]]:
+    """Like verify_dataset, also returning a summary of every split that could be walked."""
+    if block < 1:
+        raise ValueError(f"block must be >= 1, is {block}")
+    root = open_root(url, storage_options)
+    if root is None:
+        return [UNFINISHED], {}
+    attrs = dict(root.attrs)
+    unfinished = check_commit(attrs)
+    if unfinished:
+        # Data of an unfinished run may be half written: checking it would only add noise.
+        return [unfinished], {}
+    problems = check_format(attrs)
+    summaries: dict[str, SplitSummary] = {}
+    for name in SPLITS:
+        if name not in root:
+            problems.append(f"missing split group {name}")
+            continue
+        group = root[name]
+        if not isinstance(group, zarr.Group):
+            problems.append(f"{name} must be a group, is an array")
+            continue
+        split_problems, summary = check_split(group, name, block)
+        problems += split_problems
+        if summary is not None:
+            summaries[name] = summary
+    if "stats" in attrs:
+        problems += check_stats(attrs["stats"], summaries)
+    return problems, summaries
+
+
+# ---------------------------------------------------------------------------------------------
+# Opening and root checks
+
+
+def open_root(url: str, storage_options: dict | None = None) -> zarr.Group | None:
+    """Opens the root group read-only; None when the output exists but was never committed."""
+    options = dict(storage_options or {})
+    try:
+        fs, path = fsspec.core.url_to_fs(url, **options)
+        exists = fs.exists(path)
+    except Exception as e:  # bad protocol, credentials, network: the user must fix the URL
+        raise CannotOpen(f"cannot open {url}: {type(e).__name__}: {e}") from None
+    if not exists:
+        raise CannotOpen(f"{url} does not exist")
+    # zarr refuses storage_options for a plain local path (it uses its own LocalStore there).
+    kwargs = {"storage_options": options} if "://" in url and options else {}
+    try:
+        return zarr.open_group(url, mode="r", **kwargs)
+    except Exception as e:
+        # The root metadata is written last, so split children without it mean a crashed run.
+        base = path.rstrip("/")
+        if any(fs.exists(f"{base}/{name}") for name in SPLITS):
+            return None
+        raise CannotOpen(f"{url} is not a zarr group ({type(e).__name__}: {e})") from None
+
+
+def check_commit(attrs: dict) -> str | None:
+    """The unfinished-output message when the root attributes do not mark a finished run."""
+    complete = attrs.get("complete")
+    if complete is not True:
+        return (f"unfinished output: root attribute complete is {complete!r}, not true, so the run "
+                f"that wrote it did not finish; rerun with --overwrite")
+    return None
+
+
+def check_format(attrs: dict) -> list[str]:
+    fmt = attrs.get("format")
+    return [] if fmt == "flat-tokens" else [f"root attribute format is {fmt!r}, expected 'flat-tokens'"]
+
+
+def check_stats(stats, summaries: dict[str, SplitSummary]) -> list[str]:
+    """Compares the counts recorded at commit with the arrays (only for splits that were walked)."""
+    if not isinstance(stats, dict):
+        return [f"root attribute stats must be an object, is {stats!r}"]
+    problems = []
+    for key in ("documents", "rejected", "blank", "empty"):
+        if key in stats and not _is_count(stats[key]):
+            problems.append(f"stats.{key} must be a non-negative integer, is {stats[key]!r}")
+    for name, summary in summaries.items():
+        entry = stats.get(name)
+        if not isinstance(entry, dict):
+            problems.append(f"stats.{name} missing or not an object: {entry!r}")
+            continue
+        actual = {
+            "sequences": (summary.sequences, "len(seq_starts) - 1"),
+            "tokens": (summary.tokens, "len(encoded_tokens)"),
+            "max_token_id": (summary.max_token_id, "the split attribute max_token_id"),
+        }
+        for key, (value, what) in actual.items():
+            if key not in entry:
+                problems.append(f"stats.{name}.{key} missing")
+            elif value is not None and not (_is_int(entry[key]) and entry[key] == value):
+                problems.append(f"stats.{name}.{key} = {entry[key]!r} disagrees with {name}: {what} = {value}")
+    return problems
+
+
+def _is_int(x) -> bool:
+    # JSON true/false decode to bool, which is an int subclass but never a valid count.
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_count(x) -> bool:
+    return _is_int(x) and x >= 0
+
+
+# ---------------------------------------------------------------------------------------------
+# One split
+
+
+def check_split(group: zarr.Group, name: str, block: int) -> tuple[list[str], SplitSummary | None]:
+    """Checks one flat-tokens array; the summary is None when a structural problem stopped the walk."""
+    problems: list[str] = []
+    try:
+        tok = _member_array(group, "encoded_tokens", 4)
+        st = _member_array(group, "seq_starts", 8)
+        attr_max, attr_problem = read_max_token_id(group.attrs)
+        if attr_problem:
+            problems.append(attr_problem)
+        n, m = tok.shape[0], st.shape[0]
+        check_ends(st, n)
+        walk = walk_split(tok, st, block)
+    except _Stop as e:
+        return [f"{name}: {msg}" for msg in problems + [str(e)]], None
+    problems += walk.problems()
+    problems += check_max(walk, attr_max, n)
+    summary = SplitSummary(sequences=m - 1, tokens=n, max_id=walk.max_id, max_token_id=attr_max)
+    return [f"{name}: {msg}" for msg in problems], summary
+
+
+def _member_array(group: zarr.Group, member: str, itemsize: int) -> zarr.Array:
+    """The 1-D unsigned array `member`; any byte order is accepted (zarr decodes it)."""
+    if member not in group:
+        raise _Stop(f"missing array {member}")
+    arr = group[member]
+    if not isinstance(arr, zarr.Array):
+        raise _Stop(f"{member} must be an array, is a group")
+    want = f"uint{itemsize * 8}"
+    if arr.dtype.kind != "u" or arr.dtype.itemsize != itemsize:
+        raise _Stop(f"{member} has dtype {arr.dtype}, expected {want}")
+    if len(arr.shape) != 1:
+        raise _Stop(f"{member} has shape {arr.shape}, expected 1-D")
+    return arr
+
+
+def read_max_token_id(attrs) -> tuple[int | None, str | None]:
+    """(value, problem): value is None when the attribute is missing or not a valid id bound."""
+    if "max_token_id" not in attrs:
+        return None, "missing attribute max_token_id"
+    value = attrs["max_token_id"]
+    if not _is_int(value):
+        return None, f"max_token_id must be an integer, is {value!r} ({type(value).__name__})"
+    if not 0 <= value <= MAX_ID:
+        return None, f"max_token_id = {value} is outside [0, 2**31-1]"
+    return value, None
+
+
+def check_ends(st: zarr.Array, n: int) -> None:
+    """seq_starts non-empty, first 0 and last n; reads two elements only."""
+    m = st.shape[0]
+    if m == 0:
+        raise _Stop("seq_starts is empty, expected at least [0]")
+    first = int(_read(st, "seq_starts", 0, 1)[0])
+    if first != 0:
+        raise _Stop(f"seq_starts[0] = {first}, expected 0")
+    last = int(_read(st, "seq_starts", m - 1, m)[0])
+    if last != n:
+        raise _Stop(f"seq_starts[{m - 1}] (last) = {last}, expected len(encoded_tokens) = {n}")
+
+
+def _read(arr: zarr.Array, member: str, lo: int, hi: int) -> np.ndarray:
+    try:
+        return np.asarray(arr[lo:hi])
+    except Exception as e:  # a corrupt or unreadable chunk is a property of the data
+        raise _Stop(f"cannot read {member}[{lo}:{hi}]: {type(e).__name__}: {e}") from None
+
+
+class StartStream:
+    """Streams seq_starts in blocks, checking strict increase on the way, and hands out its
+    values in order below a moving limit.
+
+    Memory: the buffer holds at most one read block plus the values below the current limit
+    that were not handed out yet; strict increase (checked before a value is handed out)
+    bounds the latter by the width of the token block asking for them."""
+
+    def __init__(self, arr: zarr.Array, block: int):
+        self._arr, self._block = arr, block
+        self._len = arr.shape[0]
+        self._next = 0  # index of the first element not read yet
+        self._buf = np.empty(0, np.uint64)  # read, not handed out yet
+        self._last: int | None = None  # last value read, to check increase across blocks
+
+    def take_below(self, limit: int) -> np.ndarray:
+        """All values < limit not handed out yet (uint64, increasing)."""
+        while (self._buf.size == 0 or self._buf[-1] < limit) and self._next < self._len:
+            self._buf = np.concatenate([self._buf, self._read_block()])
+        k = int(np.searchsorted(self._buf, np.uint64(limit), side="left"))
+        taken, self._buf = self._buf[:k], self._buf[k:]
+        return taken
+
+    def drain(self) -> None:
+        """Reads the rest, only to check it is increasing; keeps no more than one block."""
+        while self._next < self._len:
+            self._read_block()
+        self._buf = self._buf[:0]
+
+    def _read_block(self) -> np.ndarray:
+        lo, hi = self._next, min(self._len, self._next + self._block)
+        chunk = _read(self._arr, "seq_starts", lo, hi).astype(np.uint64, copy=False)
+        # Compare, never subtract: a decrease would wrap around in uint64.
+        if self._last is not None and chunk[0] <= self._last:
+            raise _Stop(_not_increasing(lo - 1, self._last, int(chunk[0])))
+        bad = np.flatnonzero(chunk[1:] <= chunk[:-1])
+        if bad.size:
+            i = int(bad[0])
+            raise _Stop(_not_increasing(lo + i, int(chunk[i]), int(chunk[i + 1])))
+        self._next, self._last = hi, int(chunk[-1])
+        return chunk
+
+
+def _not_increasing(i: int, a: int, b: int) -> str:
+    why = " (an empty sequence)" if a == b else ""
+    return f"seq_starts not strictly increasing at index {i + 1}: seq_starts[{i}] = {a}, seq_starts[{i + 1}] = {b}{why}"
+
+
+@dataclass
+class Walk:
+    """What one pass over encoded_tokens found."""
+    max_id: int = -1
+    max_at: int = -1  # first index holding max_id
+    wrong_bits: int = 0
+    bit_set_not_start: int = 0  # start bit set where no sequence starts
+    start_without_bit: int = 0  # a sequence starts but the bit is clear
+    first_wrong: int = -1
+    first_wrong_value: int = 0
+
+    def problems(self) -> list[str]:
+        if not self.wrong_bits:
+            return []
+        v, i = self.first_wrong_value, self.first_wrong
+        expected = "a sequence starts there" if (v & 1) == 0 else "no sequence starts there"
+        return [f"encoded_tokens: start bit wrong at {self.wrong_bits} positions "
+                f"({self.bit_set_not_start} set where no sequence starts, {self.start_without_bit} clear "
+                f"where seq_starts says one starts); first at index {i}: value {v} has start bit {v & 1} "
+                f"but {expected}"]
+
+
+def walk_split(tok: zarr.Array, st: zarr.Array, block: int) -> Walk:
+    """One pass over encoded_tokens in blocks, merging the seq_starts stream alongside.
+
+    Precondition (check_ends): seq_starts[0] == 0 and seq_starts[-1] == len(tok), so every start
+    handed out for the block [a, b) lies in it."""
+    n = tok.shape[0]
+    starts = StartStream(st, block)
+    walk = Walk()
+    for a in range(0, n, block):
+        b = min(n, a + block)
+        v = _read(tok, "encoded_tokens", a, b)
+        expected = np.zeros(b - a, bool)
+        expected[(starts.take_below(b) - np.uint64(a)).astype(np.intp)] = True
+        actual = (v & 1).astype(bool)
+        wrong = np.flatnonzero(actual != expected)
+        if wrong.size:
+            if not walk.wrong_bits:
+                walk.first_wrong, walk.first_wrong_value = a + int(wrong[0]), int(v[wrong[0]])
+            walk.wrong_bits += wrong.size
+            set_not_start = int(np.count_nonzero(actual[wrong]))
+            walk.bit_set_not_start += set_not_start
+            walk.start_without_bit += wrong.size - set_not_start
+        # max(v >> 1) == max(v) >> 1, so no decoded copy of the block is needed.
+        top = int(v.max())
+        if top >> 1 > walk.max_id:
+            walk.max_id, walk.max_at = top >> 1, a + int(np.argmax(v >> 1 == top >> 1))
+    # Everything left must be the final value n; reading it checks the increase to the end.
+    starts.drain()
+    return walk
+
+
+def check_max(walk: Walk, attr_max: int | None, n: int) -> list[str]:
+    """Decoded ids within [0, 2**31-1] and max_token_id the exact maximum (see module doc)."""
+    problems = []
+    if walk.max_id > MAX_ID:  # cannot happen with uint32 storage; kept as the format's rule
+        problems.append(f"encoded_tokens: decoded id {walk.max_id} at index {walk.max_at} exceeds 2**31-1")
+    if attr_max is None or n == 0:
+        return problems
+    if walk.max_id > attr_max:
+        problems.append(f"encoded_tokens: decoded id {walk.max_id} at index {walk.max_at} "
+                        f"exceeds max_token_id {attr_max}")
+    elif walk.max_id < attr_max:
+        problems.append(f"max_token_id = {attr_max} is not the exact maximum: the largest decoded id "
+                        f"is {walk.max_id} (at encoded_tokens index {walk.max_at})")
+    return problems
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line
+
+
+def summary_line(problems: list[str], summaries: dict[str, SplitSummary]) -> str:
+    if problems:
+        return f"FAIL: {len(problems)} problem{'s' if len(problems) != 1 else ''}"
+    parts = [f"{name} {s.sequences} seqs {s.tokens} tokens" for name, s in summaries.items()]
+    return "OK: " + ", ".join(parts)
+
+
+def _storage_option(text: str) -> tuple[str, object]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    try:  # JSON values (true, 3, {"a": 1}) are passed typed; anything else as a string
+        return key, json.loads(value)
+    except ValueError:
+        return key, value
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m pipeline.verify",
+                                 description="Verify a flat-tokens dataset written by this pipeline.")
+    ap.add_argument("path", help="dataset path or fsspec URL (file://, gs://, ...)")
+    ap.add_argument("--block", type=_positive_int, default=DEFAULT_BLOCK,
+                    help=f"tokens (and seq_starts entries) read at a time; bounds memory (default {DEFAULT_BLOCK})")
+    ap.add_argument("--storage_option", type=_storage_option, action="append", default=[],
+                    metavar="KEY=VALUE", help="fsspec storage option, repeatable; VALUE is parsed as JSON if it can be")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        problems, summaries = check_dataset(args.path, block=args.block,
+                                            storage_options=dict(args.storage_option) or None)
+    except CannotOpen as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for p in problems:
+        print(p)
+    print(summary_line(problems, summaries))
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

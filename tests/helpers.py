@@ -1,0 +1,48 @@
+"""Shared test helpers: real tokenizers, real corpora on disk, real pipeline runs."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+REPO = Path(__file__).resolve().parent.parent
+CHECKER = REPO.parent / "shared" / "tools" / "check_flat_tokens.py"
+SAMPLE = REPO / "pipeline" / "sample"
+
+
+def train_byte_level_bpe(texts, vocab_size: int = 1000) -> Tokenizer:
+    """A GPT-2-style byte-level BPE trained on `texts` (deterministic for the same texts)."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  special_tokens=["<|endoftext|>"], show_progress=False)
+    tok.train_from_iterator(texts, trainer=trainer)
+    return tok
+
+
+def write_jsonl(path: Path, texts, key: str = "text") -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        for t in texts:
+            f.write(json.dumps({key: t}, ensure_ascii=False) + "\n")
+    return path
+
+
+def run_pipeline(*args, check: bool = True, env=None, timeout: int = 600) -> subprocess.CompletedProcess:
+    """Runs `python -m pipeline.run` in a subprocess, as a user would."""
+    cmd = [sys.executable, "-m", "pipeline.run", *map(str, args)]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-5000:]}")
+    return proc
+
+
+def check_flat_tokens(*args) -> subprocess.CompletedProcess:
+    """Runs the independent checker from ../shared/tools; asserts it says OK."""
+    proc = subprocess.run([sys.executable, str(CHECKER), *map(str, args)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and proc.stdout.splitlines()[-1].startswith("OK"), proc.stdout + proc.stderr
+    return proc

@@ -1,0 +1,46 @@
+"""Line splitting and parsing rules, without a runner."""
+import io
+import json
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from transforms import jsonl
+
+
+def ranges_of(size, cuts):
+    points = sorted({c for c in cuts if 0 < c < size})
+    bounds = [0, *points, None]
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+@given(lines=st.lists(st.binary(max_size=12).map(lambda b: b.replace(b"\n", b"")), max_size=20),
+       final_newline=st.booleans(), cuts=st.lists(st.integers(0, 300), max_size=6))
+def test_ranges_see_every_line_exactly_once(lines, final_newline, cuts):
+    data = b"\n".join(lines) + (b"\n" if final_newline and lines else b"")
+    whole = list(jsonl.iter_lines(io.BytesIO(data)))
+    pieces = [item for a, b in ranges_of(len(data), cuts) for item in jsonl.iter_lines(io.BytesIO(data), a, b)]
+    assert pieces == whole
+    assert [line for _, line in whole] == (data.split(b"\n")[:-1] if data.endswith(b"\n") else data.split(b"\n") if data else [])
+    for offset, line in whole:
+        assert data[offset:offset + len(line)] == line
+
+
+def test_only_newline_splits_lines():
+    text = "a\u2028b\u2029c\u0085d\re"
+    data = (json.dumps({"text": text}, ensure_ascii=False) + "\n").encode()
+    [(_, line)] = list(jsonl.iter_lines(io.BytesIO(data)))
+    assert jsonl.parse_line(line, "text") == (text, None)
+
+
+def test_parse_line_follows_the_json_module():
+    assert jsonl.parse_line(b'  {"text": "x", "score": NaN}  ', "text") == ("x", None)
+    assert jsonl.parse_line(b'{"text": "a", "text": "b"}', "text") == ("b", None)
+    assert jsonl.parse_line(b'\xef\xbb\xbf{"text": "bom"}\r', "text") == ("bom", None)
+    assert jsonl.parse_line(b"   \r", "text") == (None, None)
+    assert jsonl.parse_line(b'{"text": "\\ud800"}', "text") == (None, jsonl.UNENCODABLE_TEXT)
+    assert jsonl.parse_line(b'{"text": "a"', "text") == (None, jsonl.INVALID_JSON)
+    assert jsonl.parse_line(b'{"text": "\xff"}', "text") == (None, jsonl.INVALID_UTF8)
+    assert jsonl.parse_line(b'["text"]', "text") == (None, jsonl.NOT_AN_OBJECT)
+    assert jsonl.parse_line(b'{"body": "x"}', "text") == (None, jsonl.MISSING_TEXT_KEY)
+    assert jsonl.parse_line(b'{"text": 3}', "text") == (None, jsonl.TEXT_NOT_A_STRING)
