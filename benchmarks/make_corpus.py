@@ -77,7 +77,6 @@ import re
 import subprocess
 import sys
 import time
-from html.parser import HTMLParser
 from multiprocessing import Pool
 
 import orjson
@@ -209,7 +208,9 @@ def is_shadowed(path, existing):
 
 
 def lang_of(pkg, path):
-    m = re.match(r"(?:manpages|debian-reference|libreoffice-help|fortunes)-(.+)$", pkg)
+    """Language of a file's source (primary subtag), from its package or
+    path.  Approximate: translated pages can keep untranslated passages."""
+    m = re.match(r"(?:manpages|debian-reference|libreoffice-help|fortunes)-([a-z]+)", pkg)
     if m and m.group(1) != "dev":
         return m.group(1)
     m = re.search(r"/debian-handbook/html/([a-z]{2})-", path)
@@ -241,51 +242,31 @@ def read_bytes(path):
         return f.read()
 
 
-class _HTMLText(HTMLParser):
-    BLOCK = {"p", "div", "br", "li", "ul", "ol", "dl", "dt", "dd", "tr",
-             "table", "h1", "h2", "h3", "h4", "h5", "h6", "section", "article",
-             "header", "footer", "blockquote", "hr", "title", "td", "th",
-             "figure", "figcaption", "nav", "aside", "main", "caption"}
-    SKIP = {"script", "style", "head", "noscript", "svg", "math", "template"}
-
-    def __init__(self):
-        super().__init__(convert_charrefs=True)
-        self.out = []
-        self.skip = 0
-        self.pre = 0
-
-    def handle_starttag(self, tag, attrs):
-        if tag in self.SKIP:
-            self.skip += 1
-        elif tag == "pre":
-            self.pre += 1
-            self.out.append("\n")
-        elif tag in self.BLOCK:
-            self.out.append("\n")
-
-    def handle_endtag(self, tag):
-        if tag in self.SKIP:
-            self.skip = max(0, self.skip - 1)
-        elif tag == "pre":
-            self.pre = max(0, self.pre - 1)
-            self.out.append("\n")
-        elif tag in self.BLOCK:
-            self.out.append("\n")
-
-    def handle_data(self, data):
-        if self.skip:
-            return
-        if self.pre:
-            self.out.append(data)
-        else:
-            self.out.append(re.sub(r"\s+", " ", data))
+_HTML_DROP = re.compile(
+    r"<!--.*?-->|<(script|style|head|noscript|svg|math|template)\b.*?</\1\s*>",
+    re.S | re.I)
+_HTML_PRE = re.compile(r"(<pre\b[^>]*>.*?</pre\s*>)", re.S | re.I)
+_HTML_BLOCK = re.compile(
+    r"</?(?:p|div|br|li|ul|ol|dl|dt|dd|tr|table|h[1-6]|section|article|header|"
+    r"footer|blockquote|hr|title|td|th|figure|figcaption|nav|aside|main|"
+    r"caption|body|html)\b[^>]*>", re.I)
+_HTML_TAG = re.compile(r"<[^>]*>")
+_WS = re.compile(r"\s+")
 
 
 def html_to_text(s):
-    p = _HTMLText()
-    p.feed(s)
-    p.close()
-    return "".join(p.out)
+    """Tags dropped, block tags -> line breaks, <pre> kept verbatim."""
+    s = _HTML_DROP.sub(" ", s)
+    out = []
+    for i, part in enumerate(_HTML_PRE.split(s)):
+        if i % 2:  # a <pre> block
+            out.append("\n" + html.unescape(_HTML_TAG.sub("", part)) + "\n")
+        else:
+            part = _WS.sub(" ", part)
+            part = _HTML_BLOCK.sub("\n", part)
+            part = html.unescape(_HTML_TAG.sub("", part))
+            out.append("\n".join(l.strip(" ") for l in part.split("\n")))
+    return "".join(out)
 
 
 _ROFF_CHARS = {
@@ -602,7 +583,7 @@ def main(argv=None):
 
     target = int(args.mb * MB)
     seen = set()
-    docs = []  # distinct encoded lines, in output order
+    docs = []  # distinct encoded lines written, in output order
     manifest = []
     written = 0
     n_docs = 0
@@ -618,17 +599,19 @@ def main(argv=None):
             seen.add(h)
             secs = [s for s in split_sections(text, args.max_doc_chars)
                     if len(s) >= args.min_doc_chars]
-            nbytes = 0
+            nbytes = nsec = 0
             for s in secs:
+                if written >= target:
+                    break
                 line = orjson.dumps({"text": s}) + b"\n"
                 docs.append(line)
-                if written < target:
-                    out.write(line)
-                    written += len(line)
-                    n_docs += 1
+                out.write(line)
+                written += len(line)
+                n_docs += 1
+                nsec += 1
                 nbytes += len(line)
             manifest.append((path, owner[path], lang_of(owner[path], path),
-                             len(secs), nbytes))
+                             nsec, nbytes))
         pool.terminate()
         distinct = sum(len(l) for l in docs)
         passes = 1
@@ -659,8 +642,8 @@ def main(argv=None):
                     sorted(langs.items(), key=lambda kv: -kv[1])[:12])
     print(f"wrote {n_docs} docs, {written / MB:.1f} MB to {args.out} "
           f"({len(manifest)} distinct files, {distinct / MB:.1f} MB distinct, "
-          f"{passes} pass(es), {time.time() - t0:.0f}s); MB by language: {top}",
-          file=sys.stderr)
+          f"{passes} pass(es), {time.time() - t0:.0f}s); {len(langs)} languages, "
+          f"MB by language: {top}, ...", file=sys.stderr)
 
 
 if __name__ == "__main__":

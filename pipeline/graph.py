@@ -1,7 +1,8 @@
 """The pipeline graph, as one sentence per step:
 
-    read the corpus -> tokenize it -> shuffle it globally -> write the flat-tokens arrays
-    -> commit the dataset.
+    read the corpus -> tokenize it -> shuffle it globally -> lay the shards out
+    -> create the output -> report rejected lines -> check the rejected fraction
+    -> write the flat-tokens arrays -> commit the dataset.
 
 `plan_job` turns options into a JobPlan when the pipeline is built (listing files and
 loading the tokenizer there, so bad options fail before any worker starts);
@@ -16,11 +17,12 @@ import apache_beam as beam
 from pipeline import __version__
 from pipeline.options import DEFAULT_SHARD_MB, FlatTokensOptions, validation_fraction
 from transforms.commit import CommitDataset, SumCounts
-from transforms.inputs import InputFile, list_input_files, read_ranges
+from transforms.inputs import InputFile, check_readable, list_input_files, read_ranges
 from transforms.read_jsonl import ReadJsonlDocuments
+from transforms.rejected import CheckRejectedFraction, WriteRejectedLines
 from transforms.shuffle import ShuffleGlobally
 from transforms.tokenize import TokenizeBatches, TokenizerInfo, resolve_tokenizer
-from transforms.write_zarr import WriteFlatTokens
+from transforms.write_zarr import CreateOutput, LayOutShards, WriteFlatTokens
 from transforms.zarr_store import StoreTarget
 
 # Compressed inputs are sized on storage; text is about this many times larger.
@@ -40,6 +42,7 @@ class JobPlan:
     read_range_bytes: int
     batch_documents: int
     max_rejected_fraction: float
+    rejected_url: str
     provenance: dict = field(default_factory=dict)
 
 
@@ -57,6 +60,7 @@ def plan_job(o: FlatTokensOptions, storage_options: dict | None = None, run_id: 
                                    storage_options=storage_options)
     valid_files = list_input_files(o.validation_input or [], "validation", first_index=len(o.input),
                                    option="--validation_input", storage_options=storage_options)
+    check_readable(train_files + valid_files, storage_options)
     fraction = validation_fraction(o)
     train_bytes = _text_bytes(train_files)
     if o.num_shards:
@@ -79,27 +83,43 @@ def plan_job(o: FlatTokensOptions, storage_options: dict | None = None, run_id: 
         "input_files": len(train_files) + len(valid_files),
         "package": {"name": "flat-tokens-beam", "version": __version__},
         "run_id": target.run_id,
+        "rejected_output": rejected_output(o),
     }
     return JobPlan(
         files=train_files + valid_files, tokenizer=tokenizer, target=target, seed=o.seed,
         validation_fraction=fraction, num_shards=num_shards, text_key=o.text_key,
         overwrite=o.overwrite, read_range_bytes=o.read_range_mb << 20, batch_documents=o.batch_documents,
-        max_rejected_fraction=o.max_rejected_fraction, provenance=provenance)
+        max_rejected_fraction=o.max_rejected_fraction, rejected_url=rejected_output(o), provenance=provenance)
+
+
+def rejected_output(o: FlatTokensOptions) -> str:
+    return o.rejected_output or o.output.rstrip("/") + ".rejected"
 
 
 def build_pipeline(p: beam.Pipeline, plan: JobPlan):
     """Wires the job; returns the PCollection of the committed dataset's stats."""
     so = plan.target.storage_options
+    singleton = beam.pvalue.AsSingleton
     corpus = p | "ReadCorpus" >> ReadJsonlDocuments(
         read_ranges(plan.files, plan.read_range_bytes), plan.text_key,
         batch_documents=plan.batch_documents, storage_options=so)
     tokenized = corpus.documents | "Tokenize" >> beam.ParDo(TokenizeBatches(plan.tokenizer, so))
     shards, sizes = tokenized | "ShuffleGlobally" >> ShuffleGlobally(
         plan.seed, plan.validation_fraction, plan.num_shards)
-    chunks_written, layout = (shards, sizes) | "WriteFlatTokens" >> WriteFlatTokens(plan.target, plan.overwrite)
+    layout = sizes | "LayOutShards" >> beam.CombineGlobally(LayOutShards())
     counts = (
         (corpus.counts, tokenized | "CountEmpty" >> beam.Map(lambda b: {"empty": b.empty}))
         | "GatherCounts" >> beam.Flatten()
         | "SumCounts" >> beam.CombineGlobally(SumCounts())
     )
+    created = (
+        p
+        | "Once" >> beam.Create([None])
+        | "CreateOutput" >> beam.ParDo(CreateOutput(plan.target, plan.overwrite, plan.rejected_url), singleton(layout)))
+    reports = corpus.rejected | "ReportRejectedLines" >> WriteRejectedLines(
+        plan.rejected_url, beam.pvalue.AsList(corpus.line_counts), singleton(created), so)
+    ready = counts | "CheckRejectedFraction" >> beam.ParDo(
+        CheckRejectedFraction(plan.max_rejected_fraction, plan.rejected_url),
+        beam.pvalue.AsList(reports), singleton(created))
+    chunks_written = shards | "WriteFlatTokens" >> WriteFlatTokens(plan.target, singleton(layout), singleton(ready))
     return (chunks_written, layout, counts) | "CommitDataset" >> CommitDataset(plan.target, plan.provenance)

@@ -44,6 +44,9 @@ class FlatTokensOptions(PipelineOptions):
         g.add_argument("--output", default=None, help="the zarr group to create (local path or gs:// URL)")
         g.add_argument("--overwrite", action="store_true", default=False,
                        help="replace an existing --output (it is uncommitted first, then deleted)")
+        g.add_argument("--rejected_output", default=None,
+                       help="directory for the rejected-lines report (file, line, reason, excerpt); "
+                            "default: OUTPUT.rejected, next to the zarr group")
         g.add_argument("--zarr_format", type=int, default=2, choices=(2, 3),
                        help="2 (default: readable by zarr 2.x and seqax) or 3")
         g.add_argument("--tokens_chunk_size", type=int, default=DEFAULT_TOKENS_CHUNK,

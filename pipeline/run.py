@@ -4,6 +4,7 @@ Exit codes: 0 the dataset was written and committed; 1 the pipeline failed (the 
 left uncommitted, and `pipeline.verify` rejects it); 2 a usage or configuration error,
 found before any data was read.
 """
+import contextlib
 import json
 import logging
 import sys
@@ -34,7 +35,8 @@ def summarize(output: str, wall_seconds: float, storage_options: dict | None = N
     tokens = sum(stats[s]["tokens"] for s in ("train", "validation"))
     return {"output": output, "stats": stats, "wall_seconds": round(wall_seconds, 3),
             "tokens_per_second": round(tokens / wall_seconds, 1) if wall_seconds > 0 else None,
-            "tokenizer": attrs.get("tokenizer"), "run_id": attrs.get("run_id")}
+            "tokenizer": attrs.get("tokenizer"), "run_id": attrs.get("run_id"),
+            "rejected_output": attrs.get("rejected_output") if stats["rejected"] else None}
 
 
 def format_summary(summary: dict) -> str:
@@ -42,11 +44,30 @@ def format_summary(summary: dict) -> str:
     lines = [f"flat-tokens: wrote {summary['output']}",
              f"  documents {s['documents']}  blank lines {s['blank']}  rejected lines {s['rejected']}  "
              f"empty documents {s['empty']}"]
+    if summary.get("rejected_output"):
+        reasons = ", ".join(f"{k} {v}" for k, v in s["rejected_by_reason"].items())
+        lines.append(f"  rejected lines ({reasons}) are listed in {summary['rejected_output']}/")
     for split in ("train", "validation"):
         lines.append(f"  {split}: {s[split]['sequences']} sequences, {s[split]['tokens']} tokens, "
                      f"max_token_id {s[split]['max_token_id']}")
     lines.append(f"  {summary['wall_seconds']:.1f} s, {summary['tokens_per_second'] or 0:,.0f} tokens/s")
     return "\n".join(lines)
+
+
+@contextlib.contextmanager
+def _beam_errors_logged_quietly():
+    """Beam logs every worker exception with its whole traceback before re-raising it; the
+    cause is reported once, in one line, by main(). --log_level DEBUG shows everything."""
+    loggers = [logging.getLogger(n) for n in ("apache_beam", "apache_beam.runners")]
+    levels = [lg.level for lg in loggers]
+    if logging.getLogger().level > logging.DEBUG:
+        for lg in loggers:
+            lg.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
 
 
 def main(argv=None) -> int:
@@ -65,6 +86,7 @@ def main(argv=None) -> int:
         if zarr_store.output_state(plan.target) == "occupied" and not ft.overwrite:
             raise zarr_store.OutputError(f"--output {ft.output}: exists and is not empty; pass --overwrite "
                                          f"to replace it, or choose another path")
+        zarr_store.check_writable(plan.target)
     except (OptionError, InputError, TokenizerError, zarr_store.OutputError) as e:
         return _fail(str(e), USAGE_ERROR)
 
@@ -72,9 +94,11 @@ def main(argv=None) -> int:
     pipeline = beam.Pipeline(options=options)
     build_pipeline(pipeline, plan)
     try:
-        pipeline.run().wait_until_finish()
+        with _beam_errors_logged_quietly():
+            pipeline.run().wait_until_finish()
     except Exception as e:  # Beam wraps worker errors; the last line holds the cause
         cause = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+        logging.getLogger(__name__).debug("pipeline failure", exc_info=True)
         return _fail(f"the pipeline failed; {ft.output} was not committed. Cause: {cause}", PIPELINE_FAILED)
     summary = summarize(ft.output, time.time() - started)
     print(format_summary(summary))

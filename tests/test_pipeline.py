@@ -14,7 +14,7 @@ from pipeline import verify
 from tests.helpers import check_flat_tokens, run_pipeline, write_jsonl
 from transforms.commit import CommitDataset
 from transforms.records import ShardSize, SortedShard
-from transforms.write_zarr import WriteFlatTokens
+from transforms.write_zarr import CreateOutput, LayOutShards, WriteFlatTokens
 from transforms.zarr_store import StoreTarget
 
 MULTI = ["--direct_num_workers=2", "--direct_running_mode=multi_processing"]
@@ -43,8 +43,12 @@ def test_worked_example_through_the_writer_path(tmp_path):
     sizes = [ShardSize("train", 0, 2, 1, 2), ShardSize("train", 5, 6, 2, 8)]
     target = StoreTarget(url=str(tmp_path / "ex.zarr"), tokens_chunk=3, seq_starts_chunk=3, run_id="t")
     with beam.Pipeline(runner="FnApiRunner") as p:
-        written, layout = (p | "S" >> beam.Create(shards), p | "Z" >> beam.Create(sizes)) | WriteFlatTokens(target, False)
-        counts = p | "C" >> beam.Create([{"lines": 3, "documents": 3}])
+        layout = p | "Sizes" >> beam.Create(sizes) | beam.CombineGlobally(LayOutShards())
+        ready = (p | "Once" >> beam.Create([None])
+                 | beam.ParDo(CreateOutput(target, False, str(tmp_path / "rejected")), beam.pvalue.AsSingleton(layout)))
+        written = (p | "Shards" >> beam.Create(shards)
+                   | WriteFlatTokens(target, beam.pvalue.AsSingleton(layout), beam.pvalue.AsSingleton(ready)))
+        counts = p | "Counts" >> beam.Create([{"lines": 3, "documents": 3}])
         (written, layout, counts) | CommitDataset(target, {})
     tokens, starts, max_id = arrays(tmp_path / "ex.zarr")
     assert tokens.tolist() == [3, 4, 7, 8, 10, 13, 14, 16]

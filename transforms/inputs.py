@@ -88,6 +88,17 @@ def list_input_files(patterns: list[str], split: str, first_index: int = 0,
     return files
 
 
+def check_readable(files: list[InputFile], storage_options: dict | None = None, limit: int = 64) -> None:
+    """Opens and reads a byte of the first `limit` files: an unreadable input (permissions,
+    a broken link, a bad compressed file) fails before the job starts."""
+    for f in files[:limit]:
+        try:
+            with open_input(f, storage_options) as fh:
+                fh.read(1)
+        except Exception as e:  # gzip, zstd, OS and cloud errors all mean: cannot read
+            raise InputError(f"input {f.url}: cannot be read ({type(e).__name__}: {e})") from None
+
+
 def read_ranges(files: list[InputFile], range_bytes: int) -> list[ReadRange]:
     """Cuts uncompressed files into ranges of about `range_bytes`; compressed files stay whole."""
     ranges = []

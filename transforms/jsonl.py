@@ -35,20 +35,24 @@ def iter_lines(f, start: int = 0, stop: int | None = None):
         if f.seekable():
             f.seek(0)
         pos = 0
-    pending = b""
+    pending = []  # pieces of a line not yet ended: joined once, so long lines cost linear time
     while stop is None or pos < stop:
         block = f.read(_READ_BLOCK)
         if not block:
             break
-        lines = (pending + block).split(b"\n")
-        pending = lines.pop()
+        if b"\n" not in block:
+            pending.append(block)
+            continue
+        lines = (b"".join(pending) + block if pending else block).split(b"\n")
+        pending = [lines.pop()]
         for line in lines:
             yield pos, line
             pos += len(line) + 1
             if stop is not None and pos >= stop:
                 return
-    if pending and (stop is None or pos < stop):
-        yield pos, pending
+    rest = b"".join(pending)
+    if rest and (stop is None or pos < stop):
+        yield pos, rest
 
 
 def parse_line(raw: bytes, text_key: str) -> tuple[str | None, str | None]:

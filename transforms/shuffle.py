@@ -12,16 +12,21 @@ from transforms import shuffle_keys as keys
 from transforms.records import ShardPart, ShardSize, SortedShard, TokenizedBatch
 
 SPLITS = ("train", "validation")
+_SLICE_WHEN_AVERAGE_LENGTH = 64
 
 
 def gather_segments(tokens: np.ndarray, lengths: np.ndarray, order: np.ndarray) -> np.ndarray:
-    """The documents of a flat token array, concatenated in `order` (vectorised, no loop)."""
+    """The documents of a flat token array, concatenated in `order`."""
     starts = np.cumsum(lengths) - lengths
     picked = lengths[order]
     total = int(picked.sum())
     if total == 0:
         return tokens[:0]
-    # Position j of the output reads tokens[start of its document + j - output start of it].
+    if total >= _SLICE_WHEN_AVERAGE_LENGTH * order.size:
+        # Long documents: one slice copy each beats building a per-token index.
+        return np.concatenate([tokens[a:a + n] for a, n in zip(starts[order].tolist(), picked.tolist())])
+    # Many short documents: one vectorised gather. Output position j reads
+    # tokens[start of its document + j - output start of its document].
     out_starts = np.cumsum(picked) - picked
     shift = np.repeat(starts[order] - out_starts, picked)
     return tokens[np.arange(total, dtype=np.int64) + shift]

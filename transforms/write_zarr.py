@@ -18,6 +18,7 @@ import apache_beam as beam
 import numpy as np
 
 from transforms import layout as plan
+from transforms import rejected
 from transforms import zarr_store as store
 from transforms.records import ShardSize, SortedShard
 from transforms.zarr_store import SEQ_STARTS, SPLITS, TOKENS, StoreTarget
@@ -47,15 +48,18 @@ class LayOutShards(beam.CombineFn):
         return plan.lay_out(acc, SPLITS)
 
 
-class CreateArrays(beam.DoFn):
-    """Runs once: empties the output path (or refuses) and creates both splits' arrays."""
+class CreateOutput(beam.DoFn):
+    """Runs once: empties the output path (or refuses), clears an earlier run's rejected-line
+    reports, and creates both splits' arrays at their final shapes."""
 
-    def __init__(self, target: StoreTarget, overwrite: bool):
+    def __init__(self, target: StoreTarget, overwrite: bool, rejected_url: str):
         self._target = target
         self._overwrite = overwrite
+        self._rejected_url = rejected_url
 
     def process(self, _, layout):
         store.prepare_output(self._target, self._overwrite)
+        rejected.clear_reports(self._rejected_url, self._target.storage_options)
         for split in SPLITS:
             store.create_split(self._target, split, layout[split].tokens, layout[split].sequences)
         yield True
@@ -100,7 +104,7 @@ class WriteOwnedChunks(beam.DoFn):
     def setup(self):
         self._arrays = _ArrayCache(self._target)
 
-    def process(self, shard: SortedShard, layout, created):
+    def process(self, shard: SortedShard, layout, ready):
         split = layout[shard.split]
         token_offset, seq_offset, n_tokens, n_seqs = split.shards[shard.shard]
         if (n_tokens, n_seqs) != (shard.tokens.size, shard.lengths.size):
@@ -122,7 +126,7 @@ class WriteOwnedChunks(beam.DoFn):
 class WriteEndMarkers(WriteOwnedChunks):
     """Writes each split's last seq_starts entry (= its token count), which no shard owns."""
 
-    def process(self, _, layout, created):
+    def process(self, _, layout, ready):
         for split in SPLITS:
             total = layout[split]
             marker = np.array([total.tokens], dtype=np.uint64)
@@ -139,7 +143,7 @@ class WriteSharedChunks(beam.DoFn):
     def setup(self):
         self._arrays = _ArrayCache(self._target)
 
-    def process(self, keyed, layout, created):
+    def process(self, keyed, layout, ready):
         (split, name, index), fragments = keyed
         length = layout[split].tokens if name == TOKENS else layout[split].sequences + 1
         a, b = plan.block_span(index, self._target.write_block(name), length)
@@ -179,36 +183,33 @@ class CountChunks(beam.CombineFn):
 
 
 class WriteFlatTokens(beam.PTransform):
-    """(SortedShards, ShardSizes) -> ({(split, array): chunks written} once every chunk is
-    written, the layout)."""
+    """SortedShards -> {(split, array): chunks written}, once every chunk is written.
 
-    def __init__(self, target: StoreTarget, overwrite: bool):
+    `layout` (the LayOutShards result) and `ready` (true once the arrays exist and the input
+    passed its checks) are singleton side inputs."""
+
+    def __init__(self, target: StoreTarget, layout, ready):
         super().__init__()
         self._target = target
-        self._overwrite = overwrite
+        self._layout = layout
+        self._ready = ready
 
-    def expand(self, shards_and_sizes):
-        shards, sizes = shards_and_sizes
-        layouts = sizes | "LayOutShards" >> beam.CombineGlobally(LayOutShards())
-        layout = beam.pvalue.AsSingleton(layouts)
-        created = beam.pvalue.AsSingleton(
-            shards.pipeline
-            | "Once" >> beam.Create([None])
-            | "CreateArrays" >> beam.ParDo(CreateArrays(self._target, self._overwrite), layout))
+    def expand(self, shards):
+        layout, ready = self._layout, self._ready
         owned = shards | "WriteOwnedChunks" >> beam.ParDo(
-            WriteOwnedChunks(self._target), layout, created).with_outputs(WriteOwnedChunks.FRAGMENTS, main="receipts")
+            WriteOwnedChunks(self._target), layout, ready).with_outputs(WriteOwnedChunks.FRAGMENTS, main="receipts")
         markers = (
             shards.pipeline
-            | "OnceMore" >> beam.Create([None])
-            | "WriteEndMarkers" >> beam.ParDo(WriteEndMarkers(self._target), layout, created)
+            | "Once" >> beam.Create([None])
+            | "WriteEndMarkers" >> beam.ParDo(WriteEndMarkers(self._target), layout, ready)
             .with_outputs(WriteOwnedChunks.FRAGMENTS, main="receipts"))
         shared = (
             (owned.fragments, markers.fragments)
             | "GatherFragments" >> beam.Flatten()
             | "GroupByChunk" >> beam.GroupByKey()
-            | "WriteSharedChunks" >> beam.ParDo(WriteSharedChunks(self._target), layout, created))
+            | "WriteSharedChunks" >> beam.ParDo(WriteSharedChunks(self._target), layout, ready))
         return (
             (owned.receipts, markers.receipts, shared)
             | "GatherReceipts" >> beam.Flatten()
             | "CountChunks" >> beam.CombineGlobally(CountChunks())
-        ), layouts
+        )

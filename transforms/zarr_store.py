@@ -129,6 +129,22 @@ def prepare_output(target: StoreTarget, overwrite: bool) -> None:
                       f"or choose another path")
 
 
+def check_writable(target: StoreTarget) -> None:
+    """Writes and deletes a probe object next to the output, so a path that cannot be
+    written fails before any data is read, not after hours of tokenizing."""
+    fs, path = filesystem(target.url, target.storage_options)
+    parent = posixpath.dirname(path.rstrip("/"))
+    probe = f"{path.rstrip('/')}.write-check-{target.run_id}"
+    try:
+        if parent:
+            fs.makedirs(parent, exist_ok=True)
+        fs.pipe(probe, b"")
+        fs.rm(probe)
+    except (OSError, ValueError) as e:
+        raise OutputError(f"--output {target.url}: cannot write there ({type(e).__name__}: {e}); "
+                          f"choose a writable location") from None
+
+
 def create_split(target: StoreTarget, split: str, tokens: int, sequences: int) -> None:
     """Creates one split's group and arrays at their final shapes, before any data is written."""
     store = make_store(child_url(target.url, split), target.storage_options)

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Build one dated dataset with `python -m pipeline.run` on any runner that runs the pipeline to
+# completion in this process (DirectRunner, PortableRunner, Flink through its job server), and
+# turn the outcome into what a scheduler needs (cron, Airflow BashOperator, a Kubernetes or
+# Cloud Run job):
+#
+#   run_daily.sh OUTPUT [pipeline.run options...]
+#   e.g. run_daily.sh gs://my-bucket/flat-tokens/2024-06-01.zarr \
+#            --input 'gs://my-bucket/corpus/2024-06-01/*.jsonl.zst' --tokenizer gs://my-bucket/tok.json
+#
+# Never passes --overwrite (refuses it too): an existing non-empty OUTPUT is never replaced.
+#
+# Exit status and the last line of stdout (Airflow's BashOperator pushes that line to XCom):
+#   0  built now: the last line is the --summary_json document (stats, wall_seconds,
+#      tokens_per_second, run_id, tokenizer) on one line
+#   0  already built (OUTPUT exists and `python -m pipeline.verify` accepts it): the last line is
+#      {"output": ..., "already_built": true}; nothing was run
+#   1  the pipeline failed: OUTPUT is left uncommitted (verify rejects it); look at the log, fix,
+#      then delete OUTPUT or rerun pipeline.run with --overwrite by hand. A plain retry of this
+#      script returns 2, never clobbers.
+#   2  a usage or configuration error found before any data was read, including an OUTPUT that
+#      exists but is not a committed dataset (e.g. left by a failed run): do not retry blindly.
+#
+# PYTHON (default: python) is the interpreter that has this package installed.
+set -uo pipefail
+
+PYTHON=${PYTHON:-python}
+if [[ $# -lt 1 || $1 == -* ]]; then
+    echo "usage: $0 OUTPUT [pipeline.run options...]" >&2
+    exit 2
+fi
+OUTPUT=$1
+shift
+for arg in "$@"; do
+    case $arg in
+        --overwrite|--overwrite=*) echo "run_daily.sh: --overwrite is not allowed here: a scheduled run never replaces a dataset" >&2; exit 2 ;;
+        --output|--output=*|--summary_json|--summary_json=*) echo "run_daily.sh: $arg is set by this script" >&2; exit 2 ;;
+    esac
+done
+
+SUMMARY=$(mktemp "${TMPDIR:-/tmp}/flat-tokens-summary.XXXXXX.json")
+trap 'rm -f "$SUMMARY"' EXIT
+
+"$PYTHON" -m pipeline.run --output "$OUTPUT" --summary_json "$SUMMARY" "$@"
+rc=$?
+case $rc in
+    0)
+        "$PYTHON" -c 'import json, sys; print(json.dumps(json.load(open(sys.argv[1])), separators=(",", ":")))' "$SUMMARY"
+        exit 0 ;;
+    2)
+        # The refusal (or another usage error). A committed dataset at OUTPUT means this day is done.
+        if "$PYTHON" -m pipeline.verify "$OUTPUT" >&2; then
+            "$PYTHON" -c 'import json, sys; print(json.dumps({"output": sys.argv[1], "already_built": True}))' "$OUTPUT"
+            exit 0
+        fi
+        exit 2 ;;
+    *)
+        exit "$rc" ;;
+esac

@@ -1,0 +1,116 @@
+"""Rejected input lines: reported where a user can read them, and a limit that fails the job.
+
+Each input range that had rejected lines gets one JSONL report file in the rejected-lines
+directory (outside the zarr group), named by a hash of (file, range start) so a retried
+bundle rewrites the same file with the same bytes. A line's 1-based number is its index in
+its range plus the line counts of the ranges before it in the same file (a side input),
+because ranges of one file are read by different workers.
+"""
+import hashlib
+import json
+import posixpath
+from collections import defaultdict
+
+import apache_beam as beam
+from fsspec.core import url_to_fs
+
+REPORT_GLOB = "rejected-*.jsonl"
+
+
+class TooManyRejectedLines(RuntimeError):
+    pass
+
+
+def report_name(file_key: str, range_start: int) -> str:
+    return f"rejected-{hashlib.sha1(f'{file_key}@{range_start}'.encode()).hexdigest()[:16]}.jsonl"
+
+
+def lines_before(line_counts: list[tuple[str, int, int]]) -> dict[tuple[str, int], int]:
+    """(file key, range start) -> how many lines the file has before that range."""
+    by_file = defaultdict(list)
+    for key, start, lines in line_counts:
+        by_file[key].append((start, lines))
+    before = {}
+    for key, ranges in by_file.items():
+        total = 0
+        for start, lines in sorted(ranges):
+            before[key, start] = total
+            total += lines
+    return before
+
+
+def clear_reports(url: str, storage_options: dict | None = None) -> None:
+    """Deletes the report files of an earlier run (and only those) from the directory."""
+    fs, path = url_to_fs(url, **(storage_options or {}))
+    for old in fs.glob(posixpath.join(path, REPORT_GLOB)):
+        fs.rm(old)
+
+
+class WriteReportFile(beam.DoFn):
+    """((file key, range start), rejected lines) -> writes one report file; yields a summary."""
+
+    def __init__(self, url: str, storage_options: dict | None):
+        self._url = url
+        self._storage_options = storage_options
+        self._before = None
+
+    def process(self, keyed, line_counts, created):
+        (file_key, range_start), records = keyed
+        if self._before is None:  # the side input is the same for every element: index it once
+            self._before = lines_before(line_counts)
+        offset = self._before.get((file_key, range_start), 0)
+        rows = []
+        for r in sorted(records, key=lambda r: r["offset"]):
+            rows.append(json.dumps({"file": r["file"], "line": offset + r["line_in_range"], "byte_offset": r["offset"],
+                                    "reason": r["reason"], "excerpt": r["excerpt"]}, ensure_ascii=False))
+        fs, path = url_to_fs(self._url, **(self._storage_options or {}))
+        fs.makedirs(path, exist_ok=True)
+        with fs.open(posixpath.join(path, report_name(file_key, range_start)), "wb") as f:
+            f.write(("\n".join(rows) + "\n").encode("utf-8"))
+        yield len(rows)
+
+
+class WriteRejectedLines(beam.PTransform):
+    """Rejected-line records -> report files; yields each file's line count."""
+
+    def __init__(self, url: str, line_counts, created, storage_options: dict | None = None):
+        super().__init__()
+        self._url = url
+        self._line_counts = line_counts
+        self._created = created
+        self._storage_options = storage_options
+
+    def expand(self, rejected):
+        return (
+            rejected
+            | "KeyByRange" >> beam.Map(lambda r: ((r["file_key"], r["range_start"]), r))
+            | "GroupByRange" >> beam.GroupByKey()
+            | "WriteReportFiles" >> beam.ParDo(WriteReportFile(self._url, self._storage_options),
+                                               self._line_counts, self._created)
+        )
+
+
+def check_rejected_fraction(counts: dict, max_fraction: float, report_url: str) -> None:
+    """Raises TooManyRejectedLines when rejected / non-blank lines exceeds `max_fraction`."""
+    rejected = counts.get("rejected", 0)
+    considered = rejected + counts.get("documents", 0)
+    if not rejected or rejected <= max_fraction * considered:
+        return
+    reasons = sorted(((v, k.split(":", 1)[1]) for k, v in counts.items() if k.startswith("rejected:")), reverse=True)
+    top = ", ".join(f"{reason} {n}" for n, reason in reasons[:3])
+    raise TooManyRejectedLines(
+        f"{rejected} of {considered} non-blank input lines were rejected ({rejected / considered:.2%}), above "
+        f"--max_rejected_fraction {max_fraction}; top reasons: {top}; examples with file and line in "
+        f"{report_url}/. Fix the input, or raise --max_rejected_fraction to accept the loss.")
+
+
+class CheckRejectedFraction(beam.DoFn):
+    """The gate before any token is written: passes one element when the input is clean enough."""
+
+    def __init__(self, max_fraction: float, report_url: str):
+        self._max_fraction = max_fraction
+        self._report_url = report_url
+
+    def process(self, counts, reports_written, created):
+        check_rejected_fraction(counts, self._max_fraction, self._report_url)
+        yield True
