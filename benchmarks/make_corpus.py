@@ -5,7 +5,9 @@ real documentation that Debian packages ship, for benchmarking the pipeline.
 Nothing is downloaded here: the script reads the files that a fixed list of
 installed Debian 12 (bookworm) documentation packages own (``dpkg -L``), so
 the same package versions give a byte-identical corpus.  Install them once
-(as root; about 1.2 GB on disk, no services are started):
+(as root; about 0.9 GB on disk, no services are started; apt may also
+upgrade python3.11 and perl to the point release that their -doc packages
+match):
 
     apt-get update
     apt-get install -y --no-install-recommends \\
@@ -29,11 +31,12 @@ the same package versions give a byte-identical corpus.  Install them once
         fortunes-pl fortunes-ru fortunes-zh
 
 (``python3-doc`` is the meta package that pulls ``python3.11-doc``.)
-Together they hold about 290 MB of distinct text in ~30 languages (English
-is about half): Python / Django / Node.js / git / Perl / Linux-kernel docs,
-the Debian Administrator's Handbook and Debian Reference in their
-translations, LibreOffice help in 13 languages, man pages in 26 languages,
-and fortune files.
+Together they give about 280 MB of distinct JSONL in 30 languages (English
+about 37%, then zh, de, ja, ru, fr, it, es, pl, pt, nl, ko, ...):
+Python / Django / Node.js / git / Perl / Linux-kernel docs, the Debian
+Administrator's Handbook and Debian Reference in their translations,
+LibreOffice help in 13 languages, man pages in 26 languages, and fortune
+files.
 
 How text is extracted, per file (a document is one file; files longer than
 ``--max-doc-chars`` are cut into sections at paragraph breaks):

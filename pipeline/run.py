@@ -1,8 +1,9 @@
 """Entry point: python -m pipeline.run --input GLOB --output PATH --tokenizer SPEC [options] [Beam options]
 
-Exit codes: 0 the dataset was written and committed; 1 the pipeline failed (the output is
-left uncommitted, and `pipeline.verify` rejects it); 2 a usage or configuration error,
-found before any data was read.
+Exit codes: 0 the dataset was written and committed (on Dataflow: the job was submitted;
+it commits the dataset when it succeeds); 1 the pipeline failed (the output is left
+uncommitted, and `pipeline.verify` rejects it); 2 a usage or configuration error, found
+before any data was read.
 """
 import contextlib
 import json
@@ -70,6 +71,17 @@ def _beam_errors_logged_quietly():
             lg.setLevel(level)
 
 
+def _submitted(result, ft: FlatTokensOptions) -> int:
+    """A Dataflow job was submitted: say which, and do not wait for it."""
+    job_id = result.job_id() if getattr(result, "has_job", False) else None
+    print(f"flat-tokens: submitted Dataflow job {job_id or '(job graph handed to the template launcher)'}; "
+          f"{ft.output} is committed when the job succeeds (check: python -m pipeline.verify {ft.output})")
+    if ft.summary_json:
+        print("flat-tokens: --summary_json is not written for a Dataflow job: the stats are the committed "
+              "dataset's root attribute 'stats'", file=sys.stderr)
+    return 0
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--help" in argv or "-h" in argv:
@@ -95,7 +107,13 @@ def main(argv=None) -> int:
     build_pipeline(pipeline, plan)
     try:
         with _beam_errors_logged_quietly():
-            pipeline.run().wait_until_finish()
+            result = pipeline.run()
+            if type(result).__name__ == "DataflowPipelineResult":
+                # Dataflow (e.g. the Flex Template launcher): the job outlives this process, so
+                # return once it is submitted; its outcome is the job state, its summary the
+                # committed dataset's root attribute `stats`.
+                return _submitted(result, ft)
+            result.wait_until_finish()
     except Exception as e:  # Beam wraps worker errors; the last line holds the cause
         cause = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
         logging.getLogger(__name__).debug("pipeline failure", exc_info=True)

@@ -75,7 +75,8 @@ SAMPLES = {
                   ["", "tokenizer.json", "/abs/tokenizer.json", "./tok", ".hidden", "a/b/c",
                    "s3://b/tokenizer.json", "gs://my-bucket/", "http://x.org/tokenizer.json", "byt es"]),
     "seed": (["0", "42", "-1", "123456789012345678"], ["", "1.5", "abc", "1e3", "0x10", " 1", "1234567890123456789"]),
-    "validation_fraction": (["0", "0.01", "0.5", ".25", "0.999", "0."], ["1", "1.0", "-0.1", "", "abc", "1e-3", "0,01", "2"]),
+    "validation_fraction": (["0", "0.01", "0.5", ".25", "0.999", "0."],
+                            ["1", "1.0", "-0.1", "", "abc", "1e-3", "0,01", "2"]),
     "num_shards": NON_NEGATIVE_INT,
     "overwrite": (["true", "false"], ["True", "yes", "1", "", "--overwrite"]),
     "zarr_format": (["2", "3"], ["1", "4", "v2", "", "2.0"]),
@@ -215,7 +216,8 @@ def test_parameter_kinds_match_the_options():
 def test_every_regex_has_samples_and_every_other_parameter_is_free_text():
     params = parameters()
     with_regexes = {n for n, p in params.items() if p.get("regexes")}
-    assert with_regexes == set(SAMPLES), (sorted(with_regexes ^ set(SAMPLES)), "keep SAMPLES in step with metadata.json")
+    assert with_regexes == set(SAMPLES), (sorted(with_regexes ^ set(SAMPLES)),
+                                          "keep SAMPLES in step with metadata.json")
     assert set(params) - with_regexes == FREE_TEXT
 
 
@@ -374,9 +376,6 @@ def test_relaunch_without_overwrite_is_refused_and_keeps_the_dataset(launched, c
     dataset_ok(launched.out)
 
 
-@pytest.mark.xfail(strict=True, reason="needs pipeline/run.py to return after submission when pipeline.run() "
-                                       "gives a DataflowPipelineResult (see templates/dataflow/README.md); "
-                                       "remove this marker once it does")
 def test_launcher_does_not_wait_for_a_dataflow_job(tmp_path, monkeypatch):
     """On Dataflow the launcher must return once the job is submitted, without summarizing an
     output that the job has not written yet."""
@@ -480,7 +479,8 @@ def check_launch_parameters(params: dict, where: str) -> None:
     """Names are template parameters, the required ones are there, overwrite is not, and every
     literal value passes the template's regexes (Workflows `${...}` expressions are not evaluated)."""
     meta = parameters()
-    assert set(params) <= set(meta) | BEAM_PARAMETERS, f"{where}: not template parameters: {set(params) - set(meta) - BEAM_PARAMETERS}"
+    unknown = set(params) - set(meta) - BEAM_PARAMETERS
+    assert not unknown, f"{where}: not template parameters: {sorted(unknown)}"
     assert {"input", "output", "tokenizer"} <= set(params), where
     assert "overwrite" not in params, f"{where}: a scheduled launch must never pass overwrite"
     for name, value in params.items():
@@ -555,9 +555,10 @@ def test_run_daily_reports_an_already_built_day_and_refuses_overwrite(launched):
 
 def test_flink_launch_script_submits_options_beam_accepts():
     assert subprocess.run(["bash", "-n", str(LAUNCH_SH)]).returncode == 0
-    for env_type, config in (("DOCKER", "registry.example/flat-tokens-beam-sdk:2.77.0"), ("EXTERNAL", "localhost:50000")):
+    image = "registry.example/flat-tokens-beam-sdk:2.77.0"
+    for env_type, config in (("DOCKER", image), ("EXTERNAL", "localhost:50000")):
         env = {**os.environ, "DRY_RUN": "1", "ENVIRONMENT_TYPE": env_type, "PARALLELISM": "32",
-               "SDK_IMAGE": "registry.example/flat-tokens-beam-sdk:2.77.0", "JOB_HOST": "jobserver"}
+               "SDK_IMAGE": image, "JOB_HOST": "jobserver"}
         proc = subprocess.run(["bash", str(LAUNCH_SH), "run", "--input", "gs://my-bucket/c/*.jsonl", "--output",
                                "gs://my-bucket/o.zarr", "--tokenizer", "bytes"], env=env, capture_output=True,
                               text=True, timeout=60)

@@ -169,13 +169,24 @@ def open_array(target: StoreTarget, split: str, name: str):
 
 
 def commit(target: StoreTarget, root_attributes: dict, split_attributes: dict[str, dict]) -> None:
-    """Writes the split attributes, then the root group metadata: the dataset exists from here."""
+    """Writes the split attributes, then the root group metadata: the dataset exists from here.
+
+    Retry-safe: a retried commit of the same run rewrites the same attributes. (zarr's
+    create_group(overwrite=True) would delete the children, so it is never used here.)"""
     for split, attrs in split_attributes.items():
         group = zarr.open_group(make_store(child_url(target.url, split), target.storage_options),
                                 mode="r+", zarr_format=target.zarr_format)
         group.attrs.update(attrs)
-    zarr.create_group(store=make_store(target.url, target.storage_options), zarr_format=target.zarr_format,
-                      attributes=root_attributes, overwrite=False)
+    root_store = make_store(target.url, target.storage_options)
+    try:
+        root = zarr.open_group(root_store, mode="r+", zarr_format=target.zarr_format)
+    except (FileNotFoundError, zarr.errors.GroupNotFoundError):
+        zarr.create_group(store=root_store, zarr_format=target.zarr_format, attributes=root_attributes)
+        return
+    if root.attrs.get("run_id") != target.run_id:
+        raise OutputError(f"--output {target.url}: another run (run_id {root.attrs.get('run_id')}) committed "
+                          f"there while this one ran; this run's data is not committed")
+    root.attrs.update(root_attributes)
 
 
 def read_root_attributes(url: str, storage_options: dict | None = None) -> dict:

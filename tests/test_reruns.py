@@ -1,0 +1,141 @@
+"""Reruns and retries: killed runs never look finished, reruns and retried writes give
+the same bytes, finished datasets are never clobbered by accident."""
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+from pipeline import verify
+from tests.helpers import REPO, check_flat_tokens, run_pipeline, write_jsonl
+from transforms import layout as plan
+from transforms.commit import CommitFn
+from transforms.records import SortedShard
+from transforms.write_zarr import CreateOutput, WriteEndMarkers, WriteOwnedChunks, WriteSharedChunks
+from transforms.zarr_store import StoreTarget
+
+
+def tree_digest(path):
+    """sha256 of every file under `path`, by relative name."""
+    out = {}
+    for root, _, files in os.walk(path):
+        for name in files:
+            full = os.path.join(root, name)
+            out[os.path.relpath(full, path)] = hashlib.sha256(open(full, "rb").read()).hexdigest()
+    return out
+
+
+def same_arrays(a, b) -> bool:
+    proc = subprocess.run([sys.executable, str(REPO.parent / "shared/tools/check_flat_tokens.py"), str(a),
+                           "--compare", str(b)], capture_output=True, text=True)
+    return proc.returncode == 0
+
+
+def test_an_existing_dataset_is_refused_without_overwrite(tmp_path):
+    src = write_jsonl(tmp_path / "in.jsonl", ["a document"])
+    out = tmp_path / "out.zarr"
+    run_pipeline("--input", src, "--output", out, "--tokenizer", "bytes")
+    before = tree_digest(out)
+    proc = run_pipeline("--input", src, "--output", out, "--tokenizer", "bytes", check=False)
+    assert proc.returncode == 2 and "--overwrite" in proc.stderr and str(out) in proc.stderr
+    assert tree_digest(out) == before
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("not ours")
+    proc = run_pipeline("--input", src, "--output", tmp_path / "other", "--tokenizer", "bytes", check=False)
+    assert proc.returncode == 2 and (tmp_path / "other" / "notes.txt").exists()
+
+
+def chunk_files(path):
+    d = path / "train" / "encoded_tokens"
+    return sum(1 for name in os.listdir(d) if not name.startswith(".")) if d.is_dir() else 0
+
+
+def test_sigkill_at_any_moment_never_leaves_a_mixed_dataset_and_a_rerun_matches(tmp_path):
+    texts = [f"document {i} " + "words and more words " * (i % 17) for i in range(3000)]
+    for i in range(3):
+        write_jsonl(tmp_path / "in" / f"part-{i}.jsonl", texts[i::3])
+    args = ["--input", tmp_path / "in", "--tokenizer", "bytes", "--num_shards", "6", "--tokens_chunk_size", "256",
+            "--seq_starts_chunk_size", "64"]
+    old, ref, out = tmp_path / "old.zarr", tmp_path / "ref.zarr", tmp_path / "out.zarr"
+    run_pipeline(*args, "--output", old, "--seed", "1")  # a different finished dataset
+    run_pipeline(*args, "--output", ref)
+    total_chunks = chunk_files(ref)
+    # Kill points, by what the run has done: reading; just uncommitted the old dataset;
+    # written a few chunks; written half of them.
+    kill_when = {
+        "reading": lambda started: time.time() - started > 1.0,
+        "uncommitted": lambda started: not (out / ".zgroup").exists(),
+        "a few chunks": lambda started: chunk_files(out) > 3 and not (out / ".zgroup").exists(),
+        "half the chunks": lambda started: chunk_files(out) > total_chunks // 2 and not (out / ".zgroup").exists(),
+    }
+    outcomes = {}
+    for moment, condition in kill_when.items():
+        subprocess.run(["cp", "-r", str(old), str(out)], check=True)
+        cmd = [sys.executable, "-m", "pipeline.run", *map(str, args), "--output", str(out), "--overwrite"]
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                start_new_session=True)
+        started = time.time()
+        while proc.poll() is None and not condition(started):
+            time.sleep(0.005)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        if not out.exists() or verify.verify_dataset(str(out)):
+            outcomes[moment] = "unfinished"
+        elif same_arrays(out, old):
+            outcomes[moment] = "old"
+        else:
+            assert same_arrays(out, ref), f"killed at {moment}: a dataset that verifies but is neither old nor new"
+            outcomes[moment] = "new"
+        run_pipeline(*args, "--output", out, "--overwrite")
+        check_flat_tokens(out, "--compare", ref)
+        subprocess.run(["rm", "-rf", str(out)], check=True)
+    assert outcomes["reading"] == "old", outcomes
+    assert [outcomes[m] for m in ("uncommitted", "a few chunks", "half the chunks")] == ["unfinished"] * 3, outcomes
+
+
+def test_every_write_step_is_idempotent_under_retry(tmp_path):
+    """Runs each write step's work twice, as a Beam retry would: the bytes do not change."""
+    target = StoreTarget(url=str(tmp_path / "o.zarr"), tokens_chunk=4, seq_starts_chunk=3, run_id="r")
+    rng = np.random.default_rng(0)
+    lengths = [np.array([3, 5, 2]), np.array([7]), np.array([1, 1, 4])]
+    shards = [SortedShard("train", i, n, ((rng.integers(0, 50, n.sum()) << 1) | 0).astype(np.uint32))
+              for i, n in enumerate(lengths)]
+    for s in shards:
+        s.tokens[np.cumsum(s.lengths) - s.lengths] |= 1
+    sizes = {("train", i): (int(s.tokens.size), int(s.lengths.size), int((s.tokens >> 1).max()))
+             for i, s in enumerate(shards)}
+    layout = plan.lay_out(sizes, ("train", "validation"))
+    list(CreateOutput(target, False, str(tmp_path / "rej")).process(None, layout))
+
+    def run_writes():
+        owned = WriteOwnedChunks(target)
+        owned.setup()
+        markers = WriteEndMarkers(target)
+        markers.setup()
+        outputs = [o for s in shards for o in owned.process(s, layout, True)] + list(markers.process(None, layout, True))
+        fragments = {}
+        for o in outputs:
+            if hasattr(o, "tag"):
+                key, piece = o.value
+                fragments.setdefault(key, []).append(piece)
+        shared = WriteSharedChunks(target)
+        shared.setup()
+        receipts = [r for key, pieces in sorted(fragments.items()) for r in shared.process((key, pieces), layout, True)]
+        return outputs, receipts
+
+    run_writes()
+    first = tree_digest(tmp_path / "o.zarr")
+    run_writes()
+    assert tree_digest(tmp_path / "o.zarr") == first
+    counts = {"lines": 7, "documents": 7}
+    chunks = {("train", "encoded_tokens"): plan.block_count(23, 4), ("train", "seq_starts"): plan.block_count(8, 3),
+              ("validation", "encoded_tokens"): 0, ("validation", "seq_starts"): 1}
+    commit = CommitFn(target, {"run_id": "r"})
+    list(commit.process(None, chunks, layout, counts))
+    committed = tree_digest(tmp_path / "o.zarr")
+    list(commit.process(None, chunks, layout, counts))  # a retried commit
+    assert tree_digest(tmp_path / "o.zarr") == committed
+    assert verify.verify_dataset(str(tmp_path / "o.zarr")) == []
