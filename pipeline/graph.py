@@ -18,7 +18,7 @@ from pipeline import __version__
 from pipeline.options import DEFAULT_SHARD_MB, FlatTokensOptions, validation_fraction
 from transforms.commit import CommitDataset, SumCounts
 from transforms.inputs import InputFile, check_readable, list_input_files, read_ranges
-from transforms.read_jsonl import ReadJsonlDocuments
+from transforms.read_jsonl import ReadJsonlDocuments, peek_documents
 from transforms.rejected import CheckRejectedFraction, WriteRejectedLines
 from transforms.shuffle import ShuffleGlobally
 from transforms.tokenize import TokenizeBatches, TokenizerInfo, resolve_tokenizer
@@ -27,6 +27,9 @@ from transforms.zarr_store import StoreTarget
 
 # Compressed inputs are sized on storage; text is about this many times larger.
 COMPRESSION_RATIO_GUESS = 4
+# How many of the corpus's first documents a fast tokenizer backend must encode exactly
+# as HF tokenizers does before the run starts.
+GUARD_DOCUMENTS = 256
 
 
 @dataclass
@@ -68,7 +71,10 @@ def plan_job(o: FlatTokensOptions, storage_options: dict | None = None, run_id: 
     else:
         num_shards = {"train": auto_shards(train_bytes * (1 - fraction)),
                       "validation": auto_shards(train_bytes * fraction + _text_bytes(valid_files))}
-    tokenizer = resolve_tokenizer(o.tokenizer, storage_options)
+    first_documents = [] if o.tokenizer == "bytes" else peek_documents(
+        train_files + valid_files, GUARD_DOCUMENTS, o.text_key, storage_options)
+    tokenizer = resolve_tokenizer(o.tokenizer, storage_options, o.tokenizer_backend, first_documents,
+                                  o.tokenizer_check_fraction)
     target = StoreTarget(
         url=o.output, zarr_format=o.zarr_format, tokens_chunk=o.tokens_chunk_size,
         seq_starts_chunk=o.seq_starts_chunk_size, chunks_per_shard=o.chunks_per_shard or None,

@@ -27,6 +27,12 @@ class FlatTokensOptions(PipelineOptions):
         g.add_argument("--tokenizer", default=None,
                        help="tokenizer.json path or URL; 'bytes' (built in: UTF-8 byte b -> id b+1); or a "
                             "HuggingFace hub name when the network allows")
+        g.add_argument("--tokenizer_backend", default="auto",
+                       help="auto (default: fastokens when installed and it agrees with HF tokenizers on the "
+                            "guard's checks, else hf), hf, fastokens, or a plugin module:factory")
+        g.add_argument("--tokenizer_check_fraction", type=float, default=0.001,
+                       help="share of documents re-encoded with HF tokenizers during the run to check a fast "
+                            "backend; any difference fails the job (default 0.001)")
 
         g = parser.add_argument_group("split and shuffle")
         g.add_argument("--seed", type=int, default=0, help="seed of the global shuffle and the split (default 0)")
@@ -76,6 +82,8 @@ def check_options(o: FlatTokensOptions) -> None:
             raise OptionError(f"--{name} is required")
     if o.validation_fraction is not None and not 0 <= o.validation_fraction < 1:
         raise OptionError(f"--validation_fraction {o.validation_fraction}: must be in [0, 1)")
+    if not 0 <= o.tokenizer_check_fraction <= 1:
+        raise OptionError(f"--tokenizer_check_fraction {o.tokenizer_check_fraction}: must be in [0, 1]")
     if not 0 <= o.max_rejected_fraction <= 1:
         raise OptionError(f"--max_rejected_fraction {o.max_rejected_fraction}: must be in [0, 1]")
     for name in ("tokens_chunk_size", "seq_starts_chunk_size", "read_range_mb", "batch_documents"):

@@ -45,10 +45,10 @@ def test_shards_are_hash_ranges_so_concatenation_is_the_global_order(n, shards, 
     assert np.array_equal(global_order, by_shard)
 
 
-def test_validation_mask_takes_the_requested_fraction():
+def test_below_fraction_takes_the_requested_fraction():
     h = keys.place_hashes(keys.file_salt(0, keys.SPLIT, "0:f"), np.arange(100_000, dtype=np.uint64))
-    assert abs(keys.validation_mask(h, 0.1).mean() - 0.1) < 0.005
-    assert not keys.validation_mask(h, 0.0).any()
+    assert abs(keys.below_fraction(h, 0.1).mean() - 0.1) < 0.005
+    assert not keys.below_fraction(h, 0.0).any()
 
 
 @given(lengths=st.lists(st.integers(0, 5), max_size=30), data=st.data())

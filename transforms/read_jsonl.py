@@ -14,6 +14,20 @@ LINE_COUNTS = "line_counts"
 COUNTS = "counts"
 
 
+def peek_documents(files, count: int, text_key: str, storage_options: dict | None = None) -> list[str]:
+    """The first `count` documents of the input, in file order (for checks before the run)."""
+    texts = []
+    for f in files:
+        with open_input(f, storage_options) as fh:
+            for _, raw in jsonl.iter_lines(fh):
+                text, _ = jsonl.parse_line(raw, text_key)
+                if text is not None:
+                    texts.append(text)
+                    if len(texts) >= count:
+                        return texts
+    return texts
+
+
 class ReadRangeFn(beam.DoFn):
     """Reads one ReadRange. Main output: DocumentBatch. Tagged outputs:
     `rejected` (one dict per rejected line), `line_counts` ((file key, range start, lines))

@@ -39,7 +39,7 @@ def split_and_shard(batch: TokenizedBatch, seed: int, validation_fraction: float
     order_hashes = keys.place_hashes(order_salt, batch.offsets)
     if batch.split == "auto":
         split_hashes = keys.place_hashes(keys.file_salt(seed, keys.SPLIT, batch.file_key), batch.offsets)
-        split_index = keys.validation_mask(split_hashes, validation_fraction).astype(np.int64)
+        split_index = keys.below_fraction(split_hashes, validation_fraction).astype(np.int64)
     else:
         split_index = np.full(batch.offsets.shape, SPLITS.index(batch.split), dtype=np.int64)
     shards = np.where(split_index == 0,

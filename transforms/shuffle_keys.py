@@ -43,14 +43,14 @@ def place_hashes(salt: np.uint64, offsets: np.ndarray) -> np.ndarray:
     return splitmix64(splitmix64(offsets) ^ salt)
 
 
-def validation_mask(split_hashes: np.ndarray, fraction: float) -> np.ndarray:
-    """True for documents that go to validation: a hash below `fraction` of the hash range."""
+def below_fraction(hashes: np.ndarray, fraction: float) -> np.ndarray:
+    """True where a hash lies below `fraction` of the hash range (e.g. documents for validation)."""
     if fraction <= 0:
-        return np.zeros(split_hashes.shape, bool)
+        return np.zeros(hashes.shape, bool)
     if fraction >= 1:
-        return np.ones(split_hashes.shape, bool)
+        return np.ones(hashes.shape, bool)
     threshold = np.uint64(min(int(fraction * 2.0**64), 2**64 - 1))
-    return split_hashes < threshold
+    return hashes < threshold
 
 
 def shard_of(order_hashes: np.ndarray, num_shards: int) -> np.ndarray:

@@ -7,12 +7,14 @@ worker starts); workers load the same bytes again and check their sha256, so a t
 file replaced during a run fails the job instead of mixing two tokenizers.
 """
 import hashlib
+import logging
 from dataclasses import dataclass
 
 import apache_beam as beam
 import fsspec
 import numpy as np
 
+from transforms import tokenizer_backends as backends
 from transforms.records import DocumentBatch, TokenizedBatch
 
 BYTES = "bytes"
@@ -30,9 +32,13 @@ class TokenizerInfo:
     kind: str  # "bytes", "file" or "hub"
     sha256: str
     vocab_size: int
+    backend: str = backends.HF
+    check_fraction: float = 0.0  # share of documents re-encoded with the reference backend
 
     def provenance(self) -> dict:
-        return {"spec": self.spec, "kind": self.kind, "sha256": self.sha256, "vocab_size": self.vocab_size}
+        return {"spec": self.spec, "kind": self.kind, "sha256": self.sha256, "vocab_size": self.vocab_size,
+                "backend": self.backend, "backend_version": backends.version_of(self.backend),
+                "checked_fraction": self.check_fraction if self.backend != backends.HF else None}
 
 
 def _looks_like_hub_name(spec: str) -> bool:
@@ -68,14 +74,24 @@ def _parse(json_text: str, spec: str):
         raise TokenizerError(f"--tokenizer {spec}: not a valid tokenizer.json ({str(e)[:200]})") from None
 
 
-def resolve_tokenizer(spec: str, storage_options: dict | None = None) -> TokenizerInfo:
-    """Checks that a spec loads, and returns its identity. Runs when the pipeline is built."""
+def resolve_tokenizer(spec: str, storage_options: dict | None = None, backend: str = backends.HF,
+                      first_documents: list[str] = (), check_fraction: float = 0.001) -> TokenizerInfo:
+    """Checks that a spec loads and picks the backend (guarded against the reference on
+    tricky strings and `first_documents`). Runs when the pipeline is built."""
     if spec == BYTES:
-        return TokenizerInfo(BYTES, BYTES, hashlib.sha256(_BYTES_IDENTITY).hexdigest(), 257)
+        return TokenizerInfo(BYTES, BYTES, hashlib.sha256(_BYTES_IDENTITY).hexdigest(), 257, BYTES)
     text, kind = _load_json_text(spec, storage_options)
     tokenizer = _parse(text, spec)
+    try:
+        chosen, warning = backends.choose_backend(backend, text, list(first_documents))
+    except backends.BackendMismatch as e:
+        raise TokenizerError(str(e)) from None
+    except (ImportError, ValueError) as e:
+        raise TokenizerError(f"--tokenizer_backend {backend}: cannot be used ({e})") from None
+    if warning:
+        logging.getLogger(__name__).warning(warning)
     return TokenizerInfo(spec, kind, hashlib.sha256(text.encode("utf-8")).hexdigest(),
-                         tokenizer.get_vocab_size(with_added_tokens=True))
+                         tokenizer.get_vocab_size(with_added_tokens=True), chosen, check_fraction)
 
 
 def encode_bytes(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -86,31 +102,18 @@ def encode_bytes(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
     return ids, lengths
 
 
-class HfEncoder:
-    """HuggingFace `tokenizers`, batch API (releases the GIL, uses all cores)."""
-
-    def __init__(self, tokenizer):
-        self._tokenizer = tokenizer
-
-    def __call__(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        encodings = self._tokenizer.encode_batch_fast(texts, add_special_tokens=False)
-        id_lists = [e.ids for e in encodings]
-        lengths = np.fromiter((len(ids) for ids in id_lists), dtype=np.int64, count=len(id_lists))
-        total = int(lengths.sum())
-        flat = np.fromiter((i for ids in id_lists for i in ids), dtype=np.int64, count=total)
-        return flat, lengths
-
-
-def load_encoder(info: TokenizerInfo, storage_options: dict | None = None):
-    """A callable texts -> (flat ids, lengths) for a resolved tokenizer, checked by sha256."""
+def load_encoders(info: TokenizerInfo, storage_options: dict | None = None):
+    """(encoder, reference encoder or None) for a resolved tokenizer, checked by sha256."""
     if info.kind == BYTES:
-        return encode_bytes
+        return encode_bytes, None
     text, _ = _load_json_text(info.spec, storage_options)
     sha = hashlib.sha256(text.encode("utf-8")).hexdigest()
     if sha != info.sha256:
         raise TokenizerError(f"--tokenizer {info.spec}: its content changed while the job ran "
                              f"(sha256 {sha}, expected {info.sha256}); rerun with a fixed tokenizer file")
-    return HfEncoder(_parse(text, info.spec))
+    encoder = backends.make_encoder(info.backend, text)
+    checked = info.backend != backends.HF and info.check_fraction > 0
+    return encoder, backends.make_encoder(backends.HF, text) if checked else None
 
 
 def encode_start_bits(ids: np.ndarray, lengths: np.ndarray, spec: str) -> np.ndarray:
@@ -124,9 +127,26 @@ def encode_start_bits(ids: np.ndarray, lengths: np.ndarray, spec: str) -> np.nda
     return tokens
 
 
-def tokenize_batch(batch: DocumentBatch, encoder, spec: str) -> TokenizedBatch:
+def check_sample(batch: DocumentBatch, ids: np.ndarray, lengths: np.ndarray, reference, info: TokenizerInfo) -> None:
+    """Re-encodes the batch's guard sample with the reference; raises on any difference."""
+    picked = np.flatnonzero(backends.guard_sample(batch.file_key, batch.offsets, info.check_fraction))
+    if picked.size == 0:
+        return
+    texts = [batch.texts[i] for i in picked]
+    starts = np.cumsum(lengths) - lengths
+    sub_ids = np.concatenate([ids[starts[i]:starts[i] + lengths[i]] for i in picked])
+    found = backends.first_mismatch(reference, lambda _: (sub_ids, lengths[picked]), texts)
+    if found:
+        k, want, got = found
+        where = f"the document at byte {int(batch.offsets[picked[k]])} of input {batch.file_key.split(':', 1)[1]}"
+        raise backends.BackendMismatch(backends.describe_mismatch(info.backend, texts[k], want, got, where))
+
+
+def tokenize_batch(batch: DocumentBatch, encoder, info: TokenizerInfo, reference=None) -> TokenizedBatch:
     """Tokenizes a batch; documents that tokenize to nothing are dropped and counted."""
     ids, lengths = encoder(batch.texts)
+    if reference is not None:
+        check_sample(batch, ids, lengths, reference, info)
     kept = lengths > 0
     lengths = lengths[kept]
     return TokenizedBatch(
@@ -134,21 +154,21 @@ def tokenize_batch(batch: DocumentBatch, encoder, spec: str) -> TokenizedBatch:
         split=batch.split,
         offsets=batch.offsets[kept],
         lengths=lengths,
-        tokens=encode_start_bits(ids, lengths, spec),
+        tokens=encode_start_bits(ids, lengths, info.spec),
         empty=int(np.count_nonzero(~kept)),
     )
 
 
 class TokenizeBatches(beam.DoFn):
-    """DocumentBatch -> TokenizedBatch. The tokenizer is loaded lazily, once per worker."""
+    """DocumentBatch -> TokenizedBatch. The tokenizer is loaded once per worker, in setup()."""
 
     def __init__(self, info: TokenizerInfo, storage_options: dict | None = None):
         self._info = info
         self._storage_options = storage_options
-        self._encoder = None
+        self._encoder = self._reference = None
 
     def setup(self):
-        self._encoder = load_encoder(self._info, self._storage_options)
+        self._encoder, self._reference = load_encoders(self._info, self._storage_options)
 
     def process(self, batch: DocumentBatch):
-        yield tokenize_batch(batch, self._encoder, self._info.spec)
+        yield tokenize_batch(batch, self._encoder, self._info, self._reference)
