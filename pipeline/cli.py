@@ -2,6 +2,8 @@
 import importlib
 import sys
 
+from pipeline import logs  # noqa: F401 (before apache_beam: it filters Beam's import-time noise)
+
 COMMANDS = {
     "run": ("pipeline.run", "turn a JSONL corpus into a shuffled, tokenized flat-tokens dataset"),
     "verify": ("pipeline.verify", "check every invariant of a dataset; non-zero exit on any violation"),

@@ -46,6 +46,8 @@ class JobPlan:
     batch_documents: int
     max_rejected_fraction: float
     rejected_url: str
+    input_bytes: int = 0
+    progress_dir: str | None = None  # local runs only: where workers leave progress totals
     provenance: dict = field(default_factory=dict)
 
 
@@ -95,7 +97,8 @@ def plan_job(o: FlatTokensOptions, storage_options: dict | None = None, run_id: 
         files=train_files + valid_files, tokenizer=tokenizer, target=target, seed=o.seed,
         validation_fraction=fraction, num_shards=num_shards, text_key=o.text_key,
         overwrite=o.overwrite, read_range_bytes=o.read_range_mb << 20, batch_documents=o.batch_documents,
-        max_rejected_fraction=o.max_rejected_fraction, rejected_url=rejected_output(o), provenance=provenance)
+        max_rejected_fraction=o.max_rejected_fraction, rejected_url=rejected_output(o),
+        input_bytes=_text_bytes(train_files + valid_files), provenance=provenance)
 
 
 def rejected_output(o: FlatTokensOptions) -> str:
@@ -108,8 +111,8 @@ def build_pipeline(p: beam.Pipeline, plan: JobPlan):
     singleton = beam.pvalue.AsSingleton
     corpus = p | "ReadCorpus" >> ReadJsonlDocuments(
         read_ranges(plan.files, plan.read_range_bytes), plan.text_key,
-        batch_documents=plan.batch_documents, storage_options=so)
-    tokenized = corpus.documents | "Tokenize" >> beam.ParDo(TokenizeBatches(plan.tokenizer, so))
+        batch_documents=plan.batch_documents, storage_options=so, progress_dir=plan.progress_dir)
+    tokenized = corpus.documents | "Tokenize" >> beam.ParDo(TokenizeBatches(plan.tokenizer, so, plan.progress_dir))
     shards, sizes = tokenized | "ShuffleGlobally" >> ShuffleGlobally(
         plan.seed, plan.validation_fraction, plan.num_shards)
     layout = sizes | "LayOutShards" >> beam.CombineGlobally(LayOutShards())

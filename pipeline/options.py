@@ -7,7 +7,7 @@ from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentP
 DEFAULT_VALIDATION_FRACTION = 0.01
 DEFAULT_TOKENS_CHUNK = 1 << 18  # measured: docs/design.md, 'Chunks and codecs'
 DEFAULT_SEQ_STARTS_CHUNK = 1 << 16
-DEFAULT_SHARD_MB = 128
+DEFAULT_SHARD_MB = 64
 
 
 class OptionError(ValueError):
@@ -71,8 +71,14 @@ class FlatTokensOptions(PipelineOptions):
                        help="uncompressed files are read in parallel ranges of this size (default 64)")
         g.add_argument("--batch_documents", type=int, default=8192,
                        help="documents per batch between stages (default 8192)")
+
+        g = parser.add_argument_group("reporting")
         g.add_argument("--summary_json", default=None,
-                       help="also write the end-of-run summary as JSON to this path")
+                       help="also write the end-of-run summary as JSON to this path (for schedulers)")
+        g.add_argument("--quiet", action="store_true", default=False,
+                       help="only warnings, errors and the final summary (no progress lines)")
+        g.add_argument("--verbose", action="store_true", default=False,
+                       help="debug logging, Beam's own logs and full tracebacks included")
 
 
 def check_options(o: FlatTokensOptions) -> None:

@@ -9,15 +9,19 @@ import contextlib
 import json
 import logging
 import sys
+import tempfile
 import time
 
+from pipeline import logs  # noqa: I001 (before apache_beam: it filters Beam's import-time noise)
 import apache_beam as beam
-from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+from fsspec.core import url_to_fs
 
 from pipeline.graph import build_pipeline, plan_job
 from pipeline.options import FlatTokensOptions, OptionError, check_options, help_text, unknown_options
 from transforms import zarr_store
 from transforms.inputs import InputError
+from transforms.progress import ProgressLogger
 from transforms.tokenize import TokenizerError
 
 USAGE_ERROR = 2
@@ -29,12 +33,26 @@ def _fail(message: str, code: int) -> int:
     return code
 
 
+LOCAL_RUNNERS = {None, "DirectRunner", "FnApiRunner", "BundleBasedDirectRunner", "SwitchingDirectRunner"}
+
+
+def output_bytes(url: str, storage_options: dict | None = None) -> int | None:
+    try:
+        fs, path = url_to_fs(url, **(storage_options or {}))
+        return int(fs.du(path))
+    except (OSError, ValueError, NotImplementedError):
+        return None
+
+
 def summarize(output: str, wall_seconds: float, storage_options: dict | None = None) -> dict:
     """The end-of-run summary, from the committed dataset's own attributes."""
     attrs = zarr_store.read_root_attributes(output, storage_options)
     stats = attrs["stats"]
     tokens = sum(stats[s]["tokens"] for s in ("train", "validation"))
-    return {"output": output, "stats": stats, "wall_seconds": round(wall_seconds, 3),
+    size = output_bytes(output, storage_options)
+    return {"output": output, "stats": stats, "tokens": tokens, "output_bytes": size,
+            "bytes_per_token": round(size / tokens, 3) if size and tokens else None,
+            "wall_seconds": round(wall_seconds, 3),
             "tokens_per_second": round(tokens / wall_seconds, 1) if wall_seconds > 0 else None,
             "tokenizer": attrs.get("tokenizer"), "run_id": attrs.get("run_id"),
             "rejected_output": attrs.get("rejected_output") if stats["rejected"] else None}
@@ -43,15 +61,18 @@ def summarize(output: str, wall_seconds: float, storage_options: dict | None = N
 def format_summary(summary: dict) -> str:
     s = summary["stats"]
     lines = [f"flat-tokens: wrote {summary['output']}",
-             f"  documents {s['documents']}  blank lines {s['blank']}  rejected lines {s['rejected']}  "
-             f"empty documents {s['empty']}"]
+             f"  input: {s['documents']:,} documents, {s['blank']:,} blank lines, {s['rejected']:,} rejected lines, "
+             f"{s['empty']:,} empty documents (dropped)"]
     if summary.get("rejected_output"):
         reasons = ", ".join(f"{k} {v}" for k, v in s["rejected_by_reason"].items())
         lines.append(f"  rejected lines ({reasons}) are listed in {summary['rejected_output']}/")
     for split in ("train", "validation"):
-        lines.append(f"  {split}: {s[split]['sequences']} sequences, {s[split]['tokens']} tokens, "
+        lines.append(f"  {split}: {s[split]['sequences']:,} sequences, {s[split]['tokens']:,} tokens, "
                      f"max_token_id {s[split]['max_token_id']}")
-    lines.append(f"  {summary['wall_seconds']:.1f} s, {summary['tokens_per_second'] or 0:,.0f} tokens/s")
+    if summary["output_bytes"] is not None:
+        per_token = f", {summary['bytes_per_token']} bytes/token" if summary["bytes_per_token"] else ""
+        lines.append(f"  output: {summary['output_bytes'] / 2**20:,.1f} MB{per_token}")
+    lines.append(f"  time: {summary['wall_seconds']:,.1f} s, {summary['tokens_per_second'] or 0:,.0f} tokens/s")
     return "\n".join(lines)
 
 
@@ -61,7 +82,7 @@ def _beam_errors_logged_quietly():
     cause is reported once, in one line, by main(). --log_level DEBUG shows everything."""
     loggers = [logging.getLogger(n) for n in ("apache_beam", "apache_beam.runners")]
     levels = [lg.level for lg in loggers]
-    if logging.getLogger().level > logging.DEBUG:
+    if not logs.log().isEnabledFor(logging.DEBUG):
         for lg in loggers:
             lg.setLevel(logging.CRITICAL)
     try:
@@ -89,6 +110,7 @@ def main(argv=None) -> int:
         return 0
     options = PipelineOptions(argv)
     ft = options.view_as(FlatTokensOptions)
+    logs.configure("verbose" if ft.verbose else "quiet" if ft.quiet else "info")
     try:
         unknown = unknown_options(argv)
         if unknown:
@@ -103,8 +125,29 @@ def main(argv=None) -> int:
         return _fail(str(e), USAGE_ERROR)
 
     started = time.time()
+    local = options.view_as(StandardOptions).runner in LOCAL_RUNNERS
+    with tempfile.TemporaryDirectory(prefix="flat-tokens-progress-") as progress_dir:
+        if local and not ft.quiet:
+            plan.progress_dir = progress_dir
+        code = _run(options, plan, ft)
+    if code is not None:
+        return code
+    summary = summarize(ft.output, time.time() - started, plan.target.storage_options)
+    print(format_summary(summary))
+    if ft.summary_json:
+        with open(ft.summary_json, "w") as f:
+            json.dump(summary, f, indent=2)
+    return 0
+
+
+def _run(options, plan, ft) -> int | None:
+    """Runs the pipeline; None when it finished, else the exit code."""
     pipeline = beam.Pipeline(options=options)
     build_pipeline(pipeline, plan)
+    progress = None
+    if plan.progress_dir:
+        progress = ProgressLogger(plan.progress_dir, plan.input_bytes, logs.log().info)
+        progress.start()
     try:
         with _beam_errors_logged_quietly():
             result = pipeline.run()
@@ -116,16 +159,13 @@ def main(argv=None) -> int:
             result.wait_until_finish()
     except Exception as e:  # Beam wraps worker errors; the last line holds the cause
         cause = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
-        logging.getLogger(__name__).debug("pipeline failure", exc_info=True)
+        logs.log().debug("pipeline failure", exc_info=True)
         return _fail(f"the pipeline failed; {ft.output} was not committed. Cause: {cause}", PIPELINE_FAILED)
-    summary = summarize(ft.output, time.time() - started)
-    print(format_summary(summary))
-    if ft.summary_json:
-        with open(ft.summary_json, "w") as f:
-            json.dump(summary, f, indent=2)
-    return 0
+    finally:
+        if progress:
+            progress.stop()
+    return None
 
 
 if __name__ == "__main__":
-    logging.getLogger().setLevel(logging.WARNING)
     sys.exit(main())

@@ -3,7 +3,11 @@
 Everything here runs when the pipeline is built (so a glob that matches nothing fails
 before any worker starts) and is a pure function of the file listing.
 """
+import asyncio
+import atexit
 import posixpath
+import sys
+import weakref
 from dataclasses import dataclass
 
 import fsspec
@@ -112,6 +116,67 @@ def read_ranges(files: list[InputFile], range_bytes: int) -> list[ReadRange]:
     return ranges
 
 
-def open_input(f: InputFile, storage_options: dict | None = None):
-    """A binary file object over the (decompressed) content of an input file."""
-    return fsspec.open(f.url, "rb", compression=f.compression, **(storage_options or {})).open()
+def open_input(f: InputFile, storage_options: dict | None = None) -> fsspec.core.OpenFile:
+    """The (decompressed) content of an input file, to use as `with open_input(f) as fh:`
+    (fh is a binary file object). Leaving the `with` closes the decompressor *and* the
+    storage file under it: closing a GzipFile alone would leave a gcsfs file, and its
+    background prefetch task, open."""
+    return fsspec.open(f.url, "rb", compression=f.compression, **(storage_options or {}))
+
+
+# ---------------------------------------------------------------------------------------------
+# gcsfs sessions at interpreter exit
+
+
+def close_gcs_sessions() -> None:
+    """Closes the HTTP session of every gcsfs filesystem this process created, on the event
+    loop that owns it: fsspec's I/O loop for the synchronous instances, zarr's loop for the
+    `asynchronous=True` ones zarr's FsspecStore uses. Left to gcsfs's garbage-collection
+    finalizer, these sessions are closed on the wrong loop at exit, which prints tracebacks
+    ("attached to a different loop", "Unclosed client session")."""
+    gcsfs_core = sys.modules.get("gcsfs.core")
+    if gcsfs_core is None:
+        return
+    classes, seen = [gcsfs_core.GCSFileSystem], []
+    while classes:  # the class and its subclasses (gcsfs's ExtendedGcsFileSystem): one cache each
+        cls = classes.pop()
+        seen.append(cls)
+        classes += cls.__subclasses__()
+    for cls in seen:
+        for fs in list(vars(cls).get("_cache", {}).values()):
+            _close_session(getattr(fs, "_session", None))
+
+
+def _close_session(session) -> None:
+    if session is None or session.closed:
+        return
+    loop = getattr(session, "_loop", None)
+    try:
+        if loop is not None and loop.is_running() and not loop.is_closed():
+            asyncio.run_coroutine_threadsafe(session.close(), loop).result(timeout=5)
+        else:  # the loop is gone: drop the connections without it (what gcsfs falls back to)
+            connector = getattr(session, "_connector", None)
+            if connector is not None:
+                connector._close()
+    except Exception:  # noqa: BLE001 - best effort at exit; never mask the exit status
+        pass
+
+
+_exit_hook_registered = False
+
+
+def close_gcs_sessions_at_exit() -> None:
+    """Makes close_gcs_sessions run at exit before the hooks registered so far, including
+    zarr's (which stops zarr's loop) and weakref's (which runs gcsfs's finalizers): atexit
+    runs hooks last in, first out. Modules that import zarr call this after importing it."""
+    global _exit_hook_registered
+    if not _exit_hook_registered:
+        # weakref registers its atexit hook on first use, which may come after ours (when
+        # the first session is opened): use it now, so that its hook runs after ours.
+        weakref.finalize(close_gcs_sessions, int)
+        _exit_hook_registered = True
+    atexit.unregister(close_gcs_sessions)
+    atexit.register(close_gcs_sessions)
+
+
+close_gcs_sessions_at_exit()

@@ -7,6 +7,7 @@ import numpy as np
 
 from transforms import jsonl
 from transforms.inputs import ReadRange, open_input
+from transforms.progress import ProgressFile
 from transforms.records import DocumentBatch
 
 REJECTED = "rejected"
@@ -33,35 +34,48 @@ class ReadRangeFn(beam.DoFn):
     `rejected` (one dict per rejected line), `line_counts` ((file key, range start, lines))
     so rejected lines get 1-based line numbers later, and `counts` (a Counter per range)."""
 
-    def __init__(self, text_key: str, batch_bytes: int, batch_documents: int, storage_options: dict | None):
+    def __init__(self, text_key: str, batch_bytes: int, batch_documents: int, storage_options: dict | None,
+                 progress_dir: str | None = None):
         self._text_key = text_key
         self._batch_bytes = batch_bytes
         self._batch_documents = batch_documents
         self._storage_options = storage_options
+        self._progress_dir = progress_dir
+        self._progress = None
+
+    def setup(self):
+        self._progress = ProgressFile(self._progress_dir)
+
+    def teardown(self):
+        if self._progress:
+            self._progress.flush()
 
     def process(self, rng: ReadRange):
         counts = Counter()
-        offsets, texts, size = [], [], 0
-        lines = 0
+        offsets, texts = [], []
+        text_bytes = line_bytes = 0
 
-        def flush():
-            batch = DocumentBatch(rng.file.key, rng.file.split, np.array(offsets, dtype=np.uint64), list(texts))
+        def batch():
+            nonlocal text_bytes, line_bytes
+            counts["documents"] += len(texts)
+            self._progress.add(documents=len(texts), bytes=line_bytes)
+            done = DocumentBatch(rng.file.key, rng.file.split, np.array(offsets, dtype=np.uint64), texts[:])
             offsets.clear()
             texts.clear()
-            return batch
+            text_bytes = line_bytes = 0
+            return done
 
         with open_input(rng.file, self._storage_options) as f:
             for offset, raw in jsonl.iter_lines(f, rng.start, rng.stop):
-                lines += 1
+                counts["lines"] += 1
+                line_bytes += len(raw) + 1
                 text, reason = jsonl.parse_line(raw, self._text_key)
                 if text is not None:
                     offsets.append(offset)
                     texts.append(text)
-                    size += len(text)
-                    if size >= self._batch_bytes or len(texts) >= self._batch_documents:
-                        counts["documents"] += len(texts)
-                        size = 0
-                        yield flush()
+                    text_bytes += len(text)
+                    if text_bytes >= self._batch_bytes or len(texts) >= self._batch_documents:
+                        yield batch()
                 elif reason is None:
                     counts["blank"] += 1
                 else:
@@ -69,14 +83,12 @@ class ReadRangeFn(beam.DoFn):
                     counts["rejected:" + reason] += 1
                     yield beam.pvalue.TaggedOutput(REJECTED, {
                         "file": rng.file.url, "file_key": rng.file.key, "range_start": rng.start,
-                        "line_in_range": lines, "offset": offset, "reason": reason,
+                        "line_in_range": counts["lines"], "offset": offset, "reason": reason,
                         "excerpt": jsonl.excerpt(raw),
                     })
         if texts:
-            counts["documents"] += len(texts)
-            yield flush()
-        counts["lines"] += lines
-        yield beam.pvalue.TaggedOutput(LINE_COUNTS, (rng.file.key, rng.start, lines))
+            yield batch()
+        yield beam.pvalue.TaggedOutput(LINE_COUNTS, (rng.file.key, rng.start, counts["lines"]))
         yield beam.pvalue.TaggedOutput(COUNTS, counts)
 
 
@@ -87,10 +99,10 @@ class ReadJsonlDocuments(beam.PTransform):
     `counts` tagged outputs described on ReadRangeFn."""
 
     def __init__(self, ranges: list[ReadRange], text_key: str, batch_bytes: int = 1 << 23,
-                 batch_documents: int = 8192, storage_options: dict | None = None):
+                 batch_documents: int = 8192, storage_options: dict | None = None, progress_dir: str | None = None):
         super().__init__()
         self._ranges = ranges
-        self._fn = ReadRangeFn(text_key, batch_bytes, batch_documents, storage_options)
+        self._fn = ReadRangeFn(text_key, batch_bytes, batch_documents, storage_options, progress_dir)
 
     def expand(self, pbegin):
         return (

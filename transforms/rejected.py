@@ -14,6 +14,10 @@ from collections import defaultdict
 import apache_beam as beam
 from fsspec.core import url_to_fs
 
+from transforms.inputs import close_gcs_sessions_at_exit
+
+close_gcs_sessions_at_exit()
+
 REPORT_GLOB = "rejected-*.jsonl"
 
 

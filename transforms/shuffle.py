@@ -57,27 +57,36 @@ def split_and_shard(batch: TokenizedBatch, seed: int, validation_fraction: float
             salts=np.full(members.size, order_salt, dtype=np.uint64),
             offsets=batch.offsets[members],
             lengths=batch.lengths[members],
-            tokens=gather_segments(batch.tokens, batch.lengths, members),
+            packed_tokens=ShardPart.pack(gather_segments(batch.tokens, batch.lengths, members)),
         )
 
 
 def size_of(keyed_part) -> ShardSize:
     (split, shard), part = keyed_part
-    max_id = int(part.tokens.max() >> 1) if part.tokens.size else -1
-    return ShardSize(split, shard, int(part.tokens.size), int(part.lengths.size), max_id)
+    tokens = part.tokens()
+    max_id = int(tokens.max() >> 1) if tokens.size else -1
+    return ShardSize(split, shard, int(tokens.size), int(part.lengths.size), max_id)
 
 
 def sort_shard(keyed_parts) -> SortedShard:
-    """Concatenates a shard's parts and sorts its documents by (hash, salt, offset)."""
+    """Sorts a shard's documents by (hash, salt, offset), gathering tokens from its parts."""
     (split, shard), parts = keyed_parts
     parts = list(parts)
     hashes = np.concatenate([p.order_hashes for p in parts])
     salts = np.concatenate([p.salts for p in parts])
     offsets = np.concatenate([p.offsets for p in parts])
     lengths = np.concatenate([p.lengths for p in parts])
-    tokens = np.concatenate([p.tokens for p in parts])
     order = keys.shuffled_order(hashes, salts, offsets)
-    return SortedShard(split, shard, lengths[order], gather_segments(tokens, lengths, order))
+    part_tokens = [p.tokens() for p in parts]
+    if len(parts) == 1:
+        return SortedShard(split, shard, lengths[order], gather_segments(part_tokens[0], lengths, order))
+    # Gather from the parts directly: concatenating them first would copy every token once more.
+    part_of = np.repeat(np.arange(len(parts)), [p.lengths.size for p in parts])
+    start_in_part = np.concatenate([np.cumsum(p.lengths) - p.lengths for p in parts])
+    pieces = [part_tokens[i][a:a + n] for i, a, n in
+              zip(part_of[order].tolist(), start_in_part[order].tolist(), lengths[order].tolist())]
+    tokens = np.concatenate(pieces) if pieces else np.empty(0, np.uint32)
+    return SortedShard(split, shard, lengths[order], tokens)
 
 
 class ShuffleGlobally(beam.PTransform):

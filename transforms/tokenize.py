@@ -15,6 +15,7 @@ import fsspec
 import numpy as np
 
 from transforms import tokenizer_backends as backends
+from transforms.progress import ProgressFile
 from transforms.records import DocumentBatch, TokenizedBatch
 
 BYTES = "bytes"
@@ -162,13 +163,21 @@ def tokenize_batch(batch: DocumentBatch, encoder, info: TokenizerInfo, reference
 class TokenizeBatches(beam.DoFn):
     """DocumentBatch -> TokenizedBatch. The tokenizer is loaded once per worker, in setup()."""
 
-    def __init__(self, info: TokenizerInfo, storage_options: dict | None = None):
+    def __init__(self, info: TokenizerInfo, storage_options: dict | None = None, progress_dir: str | None = None):
         self._info = info
         self._storage_options = storage_options
-        self._encoder = self._reference = None
+        self._progress_dir = progress_dir
+        self._encoder = self._reference = self._progress = None
 
     def setup(self):
         self._encoder, self._reference = load_encoders(self._info, self._storage_options)
+        self._progress = ProgressFile(self._progress_dir)
 
     def process(self, batch: DocumentBatch):
-        yield tokenize_batch(batch, self._encoder, self._info, self._reference)
+        tokenized = tokenize_batch(batch, self._encoder, self._info, self._reference)
+        self._progress.add(tokens=int(tokenized.tokens.size))
+        yield tokenized
+
+    def teardown(self):
+        if self._progress:
+            self._progress.flush()

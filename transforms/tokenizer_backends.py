@@ -144,20 +144,23 @@ def pre_run_guard(name: str, json_text: str, first_documents: list[str]) -> Guar
 
 
 def choose_backend(requested: str, json_text: str, first_documents: list[str]) -> tuple[str, str | None]:
-    """(backend to use, warning or None). Raises BackendMismatch when an explicitly requested
-    backend fails the guard; `auto` falls back to the reference instead."""
-    candidates = [FASTOKENS] if requested == AUTO else [requested]
-    warning = None
-    for name in candidates:
-        if requested == AUTO and not installed(name):
-            continue
-        result = pre_run_guard(name, json_text, first_documents)
-        if result.problem is None:
-            return name, None
-        if requested != AUTO:
+    """(backend to use, note or None). Raises BackendMismatch when an explicitly requested
+    backend fails the guard; `auto` falls back to the reference instead, also when the fast
+    backend is missing or cannot load this tokenizer (fastokens refuses some pre-tokenizers)."""
+    if requested != AUTO:
+        result = pre_run_guard(requested, json_text, first_documents)
+        if result.problem:
             raise BackendMismatch(result.problem)
-        warning = f"{result.problem}; falling back to hf"
-    return HF, warning
+        return requested, None
+    if not installed(FASTOKENS):
+        return HF, None
+    try:
+        result = pre_run_guard(FASTOKENS, json_text, first_documents)
+    except Exception as e:  # a fast backend that cannot load this tokenizer.json: use the reference
+        return HF, f"fastokens cannot load this tokenizer ({str(e)[:160]}); using hf"
+    if result.problem:
+        return HF, f"{result.problem}; falling back to hf"
+    return FASTOKENS, None
 
 
 def guard_sample(file_key: str, offsets: np.ndarray, fraction: float) -> np.ndarray:

@@ -13,6 +13,11 @@ import numcodecs
 import zarr
 from fsspec.core import url_to_fs
 
+from transforms.inputs import close_gcs_sessions_at_exit
+
+# After `import zarr`: gcsfs sessions on zarr's event loop must close before zarr stops it.
+close_gcs_sessions_at_exit()
+
 # Multi-threaded Blosc writes blocks in the order threads finish: the same chunk would
 # compress to different bytes on a retry. Single-threaded, a rewrite is byte-identical.
 numcodecs.blosc.use_threads = False
