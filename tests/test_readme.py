@@ -1,0 +1,37 @@
+"""The README stays true: its option table matches --help, its commands match .ci/run."""
+import argparse
+import re
+
+from pipeline.options import FlatTokensOptions
+from tests.helpers import REPO
+
+
+def readme():
+    return (REPO / "README.md").read_text()
+
+
+def test_the_option_table_lists_exactly_the_options_of_run():
+    parser = argparse.ArgumentParser()
+    FlatTokensOptions._add_argparse_args(parser)
+    options = {a.option_strings[0] for a in parser._actions if a.option_strings and a.option_strings[0] != "-h"}
+    table = set(re.findall(r"^\| `(--[a-z_]+)` \|", readme(), flags=re.M))
+    assert table == options, f"missing from README: {options - table}; not options: {table - options}"
+
+
+def test_the_option_table_defaults_match_the_parser():
+    parser = argparse.ArgumentParser()
+    FlatTokensOptions._add_argparse_args(parser)
+    rows = dict(re.findall(r"^\| `(--[a-z_]+)` \| ([^|]+) \|", readme(), flags=re.M))
+    for action in parser._actions:
+        name = action.option_strings[0] if action.option_strings else None
+        if name not in rows or action.default in (None, False, 0) and not isinstance(action.default, float):
+            continue
+        assert str(action.default) in rows[name], f"{name}: README says {rows[name]!r}, default is {action.default!r}"
+
+
+def test_the_readme_commands_are_what_ci_runs():
+    ci = (REPO / ".ci" / "run").read_text()
+    commands = re.findall(r"```bash\n(.+?)\n```", readme(), flags=re.S)
+    install_and_run, tests = commands[0].strip(), commands[1].strip()
+    assert install_and_run in ci
+    assert tests in ci
