@@ -51,8 +51,10 @@ def test_below_fraction_takes_the_requested_fraction():
     assert not keys.below_fraction(h, 0.0).any()
 
 
-@given(lengths=st.lists(st.integers(0, 5), max_size=30), data=st.data())
-def test_gather_segments_concatenates_documents_in_order(lengths, data):
+@given(lengths=st.lists(st.integers(0, 200), max_size=30), block=st.sampled_from([1, 7, 1 << 22]), data=st.data())
+def test_gather_segments_concatenates_documents_in_order(lengths, block, data):
+    from transforms import shuffle
+    shuffle._GATHER_BLOCK_TOKENS = block  # the vectorised path works in blocks of this many tokens
     lengths = np.array(lengths, dtype=np.int64)
     tokens = np.arange(int(lengths.sum()), dtype=np.uint32)
     order = np.array(data.draw(st.permutations(range(len(lengths)))), dtype=np.int64)

@@ -13,6 +13,7 @@ from transforms.records import ShardPart, ShardSize, SortedShard, TokenizedBatch
 
 SPLITS = ("train", "validation")
 _SLICE_WHEN_AVERAGE_LENGTH = 64
+_GATHER_BLOCK_TOKENS = 1 << 22
 
 
 def gather_segments(tokens: np.ndarray, lengths: np.ndarray, order: np.ndarray) -> np.ndarray:
@@ -25,11 +26,19 @@ def gather_segments(tokens: np.ndarray, lengths: np.ndarray, order: np.ndarray) 
     if total >= _SLICE_WHEN_AVERAGE_LENGTH * order.size:
         # Long documents: one slice copy each beats building a per-token index.
         return np.concatenate([tokens[a:a + n] for a, n in zip(starts[order].tolist(), picked.tolist())])
-    # Many short documents: one vectorised gather. Output position j reads
+    # Many short documents: a vectorised gather, in blocks of documents so that the int64
+    # index (8 bytes per token, three times over) stays bounded. Output position j reads
     # tokens[start of its document + j - output start of its document].
+    out = np.empty(total, dtype=tokens.dtype)
     out_starts = np.cumsum(picked) - picked
-    shift = np.repeat(starts[order] - out_starts, picked)
-    return tokens[np.arange(total, dtype=np.int64) + shift]
+    step = max(1, _GATHER_BLOCK_TOKENS * order.size // total)
+    for lo in range(0, order.size, step):
+        hi = min(lo + step, order.size)
+        n = picked[lo:hi]
+        a, b = int(out_starts[lo]), int(out_starts[hi - 1] + n[-1])
+        shift = np.repeat(starts[order[lo:hi]] - out_starts[lo:hi], n)
+        out[a:b] = tokens[np.arange(a, b, dtype=np.int64) + shift]
+    return out
 
 
 def split_and_shard(batch: TokenizedBatch, seed: int, validation_fraction: float,
@@ -78,15 +87,17 @@ def sort_shard(keyed_parts) -> SortedShard:
     lengths = np.concatenate([p.lengths for p in parts])
     order = keys.shuffled_order(hashes, salts, offsets)
     part_tokens = [p.tokens() for p in parts]
-    if len(parts) == 1:
-        return SortedShard(split, shard, lengths[order], gather_segments(part_tokens[0], lengths, order))
-    # Gather from the parts directly: concatenating them first would copy every token once more.
+    if len(parts) == 1 or int(lengths.sum()) < _SLICE_WHEN_AVERAGE_LENGTH * lengths.size:
+        tokens = part_tokens[0] if len(parts) == 1 else np.concatenate(part_tokens)
+        del part_tokens
+        return SortedShard(split, shard, lengths[order], gather_segments(tokens, lengths, order))
+    # Long documents: slice them out of the parts directly (concatenating the parts first
+    # would copy every token once more).
     part_of = np.repeat(np.arange(len(parts)), [p.lengths.size for p in parts])
     start_in_part = np.concatenate([np.cumsum(p.lengths) - p.lengths for p in parts])
     pieces = [part_tokens[i][a:a + n] for i, a, n in
               zip(part_of[order].tolist(), start_in_part[order].tolist(), lengths[order].tolist())]
-    tokens = np.concatenate(pieces) if pieces else np.empty(0, np.uint32)
-    return SortedShard(split, shard, lengths[order], tokens)
+    return SortedShard(split, shard, lengths[order], np.concatenate(pieces))
 
 
 class ShuffleGlobally(beam.PTransform):

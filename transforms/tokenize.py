@@ -128,15 +128,22 @@ def encode_start_bits(ids: np.ndarray, lengths: np.ndarray, spec: str) -> np.nda
     return tokens
 
 
-def check_sample(batch: DocumentBatch, ids: np.ndarray, lengths: np.ndarray, reference, info: TokenizerInfo) -> None:
-    """Re-encodes the batch's guard sample with the reference; raises on any difference."""
+def check_sample(batch: DocumentBatch, ids: np.ndarray, lengths: np.ndarray, encoder, reference,
+                 info: TokenizerInfo) -> None:
+    """Re-encodes the batch's guard sample with the reference; raises on any difference.
+    Documents longer than the guard's bound are compared on their prefix, encoded by both."""
     picked = np.flatnonzero(backends.guard_sample(batch.file_key, batch.offsets, info.check_fraction))
     if picked.size == 0:
         return
-    texts = [batch.texts[i] for i in picked]
-    starts = np.cumsum(lengths) - lengths
-    sub_ids = np.concatenate([ids[starts[i]:starts[i] + lengths[i]] for i in picked])
-    found = backends.first_mismatch(reference, lambda _: (sub_ids, lengths[picked]), texts)
+    texts = [backends.bounded(batch.texts[i]) for i in picked]
+    whole = [i for i, t in zip(picked, texts) if len(t) == len(batch.texts[i])]
+    if len(whole) == len(picked):
+        starts = np.cumsum(lengths) - lengths
+        sub = np.concatenate([ids[starts[i]:starts[i] + lengths[i]] for i in picked])
+        candidate = lambda _: (sub, lengths[picked])  # noqa: E731 (the run's own ids, not re-encoded)
+    else:
+        candidate = encoder
+    found = backends.first_mismatch(reference, candidate, texts)
     if found:
         k, want, got = found
         where = f"the document at byte {int(batch.offsets[picked[k]])} of input {batch.file_key.split(':', 1)[1]}"
@@ -147,7 +154,7 @@ def tokenize_batch(batch: DocumentBatch, encoder, info: TokenizerInfo, reference
     """Tokenizes a batch; documents that tokenize to nothing are dropped and counted."""
     ids, lengths = encoder(batch.texts)
     if reference is not None:
-        check_sample(batch, ids, lengths, reference, info)
+        check_sample(batch, ids, lengths, encoder, reference, info)
     kept = lengths > 0
     lengths = lengths[kept]
     return TokenizedBatch(
