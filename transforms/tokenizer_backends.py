@@ -9,8 +9,10 @@ reference; any disagreement fails the job. Re-implementations do disagree in the
 
 A backend is a callable texts -> (flat ids, lengths), built from the tokenizer.json text.
 """
+import hashlib
 import importlib
 import importlib.metadata
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,6 +46,9 @@ TRICKY_STRINGS = [
 GUARD_MAX_CHARS = 1 << 16
 
 
+GUARD_FIRST_DOCUMENTS_CHARS = 1 << 18
+
+
 def bounded(text: str) -> str:
     return text if len(text) <= GUARD_MAX_CHARS else text[:GUARD_MAX_CHARS]
 
@@ -59,7 +64,7 @@ def _hf(json_text: str):
     def encode(texts):
         id_lists = [e.ids for e in tokenizer.encode_batch_fast(texts, add_special_tokens=False)]
         lengths = np.fromiter((len(ids) for ids in id_lists), dtype=np.int64, count=len(id_lists))
-        flat = np.fromiter((i for ids in id_lists for i in ids), dtype=np.int64, count=int(lengths.sum()))
+        flat = np.fromiter(itertools.chain.from_iterable(id_lists), dtype=np.int64, count=int(lengths.sum()))
         return flat, lengths
     return encode
 
@@ -106,8 +111,17 @@ def installed(name: str) -> bool:
         return False
 
 
+# Loading a large tokenizer.json takes ~0.5 s per backend. The launcher's guard and an
+# in-process worker load the same ones: keep them per process, keyed by content, so the
+# cache can never hand out another tokenizer than the one asked for.
+_ENCODERS = {}
+
+
 def make_encoder(name: str, json_text: str):
-    return _factory(name)(json_text)
+    key = (name, hashlib.sha256(json_text.encode("utf-8")).hexdigest())
+    if key not in _ENCODERS:
+        _ENCODERS[key] = _factory(name)(json_text)
+    return _ENCODERS[key]
 
 
 def first_mismatch(reference, candidate, texts: list[str]):
@@ -146,6 +160,8 @@ def pre_run_guard(name: str, json_text: str, first_documents: list[str]) -> Guar
         return GuardResult(HF, None)
     reference, candidate = make_encoder(HF, json_text), make_encoder(name, json_text)
     first_documents = [bounded(t) for t in first_documents]
+    while sum(map(len, first_documents)) > GUARD_FIRST_DOCUMENTS_CHARS and len(first_documents) > 1:
+        first_documents = first_documents[: len(first_documents) // 2]
     for label, texts in (("a built-in tricky string", TRICKY_STRINGS), ("one of the first documents", first_documents)):
         found = first_mismatch(reference, candidate, texts)
         if found:
