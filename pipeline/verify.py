@@ -35,6 +35,11 @@ import fsspec
 import numpy as np
 import zarr
 
+from transforms.inputs import close_gcs_sessions_at_exit
+
+# After `import zarr`, so gcsfs sessions on zarr's event loop close before zarr stops it.
+close_gcs_sessions_at_exit()
+
 SPLITS = ("train", "validation")
 MAX_ID = 2**31 - 1
 DEFAULT_BLOCK = 1 << 22

@@ -35,7 +35,12 @@ LAUNCH_SH = FLINK / "launch.sh"
 NOT_PARAMETERS = {
     "summary_json": "a file on the launcher VM, which is discarded; on Dataflow the same stats are "
                     "the committed dataset's root attributes",
+    "quiet": "launcher logging only; a Dataflow job's progress and logs are in the Dataflow console",
+    "verbose": "launcher logging only; a Dataflow job's progress and logs are in the Dataflow console",
 }
+# Options that take open-ended values but whose template parameter offers a fixed set:
+# plugin backends (module:factory) are for custom code, not for launches from the console.
+ENUM_SUBSETS = {"tokenizer_backend": {"auto", "hf", "fastokens"}}
 # Parameters whose value is free text: no regex to check.
 FREE_TEXT = {"text_key"}
 # Beam pipeline options (not FlatTokensOptions) that launch requests may pass as parameters.
@@ -84,6 +89,8 @@ SAMPLES = {
     "seq_starts_chunk_size": POSITIVE_INT,
     "chunks_per_shard": NON_NEGATIVE_INT,
     "codec": (["blosc-zstd", "blosc-lz4", "zstd"], ["lz4", "gzip", "", "BLOSC-ZSTD", "blosc-zstd "]),
+    "tokenizer_backend": (["auto", "hf", "fastokens"], ["", "HF", "tokie", "auto ", "tests.wrong_backends:x"]),
+    "tokenizer_check_fraction": (["0", "0.001", "1", ".5", "1.0"], ["1.5", "-0.1", "", "abc", "2"]),
     "max_rejected_fraction": (["0", "0.001", "1", "1.0", ".5"], ["1.5", "-0.1", "", "2", "1.01", "abc"]),
     "read_range_mb": POSITIVE_INT,
     "batch_documents": POSITIVE_INT,
@@ -204,6 +211,8 @@ def test_parameter_kinds_match_the_options():
         kind = p.get("paramType", "TEXT")
         if isinstance(action, argparse._StoreTrueAction):
             assert kind == "BOOLEAN", name
+        elif name in ENUM_SUBSETS:
+            assert kind == "ENUM" and {o["value"] for o in p["enumOptions"]} == ENUM_SUBSETS[name], name
         elif action.choices:
             assert kind == "ENUM", name
             assert {o["value"] for o in p["enumOptions"]} == {str(c) for c in action.choices}, name
@@ -334,6 +343,7 @@ TEMPLATE_VALUES = {  # every optional parameter, as Dataflow passes it (validati
     "text_key": "text", "seed": "7", "validation_fraction": "0.05", "num_shards": "2", "overwrite": "false",
     "zarr_format": "3", "tokens_chunk_size": "8192", "seq_starts_chunk_size": "256", "chunks_per_shard": "2",
     "codec": "blosc-lz4", "max_rejected_fraction": "0.01", "read_range_mb": "1", "batch_documents": "128",
+    "tokenizer_backend": "fastokens", "tokenizer_check_fraction": "0.5",
 }
 
 
