@@ -10,7 +10,7 @@ from transforms.zarr_store import SEQ_STARTS, SPLITS, TOKENS, StoreTarget
 
 
 class SumCounts(beam.CombineFn):
-    """Counters -> one Counter (documents, blank, rejected, rejected:<reason>, empty, lines)."""
+    """Dicts of counts -> their sum, key by key (line counts; chunk receipts)."""
 
     def create_accumulator(self):
         return Counter()

@@ -12,13 +12,12 @@ chunks are read-modify-written, so sharing one would silently lose data.
 Every write puts the same bytes at the same place whenever it runs, so Beam may retry
 any bundle. Each write reports how many chunks it wrote; the commit checks the total.
 """
-from collections import Counter
-
 import apache_beam as beam
 import numpy as np
 
 from transforms import layout as plan
 from transforms import rejected
+from transforms.commit import SumCounts
 from transforms import zarr_store as store
 from transforms.records import ShardSize, SortedShard
 from transforms.zarr_store import SEQ_STARTS, SPLITS, TOKENS, StoreTarget
@@ -161,27 +160,6 @@ class WriteSharedChunks(beam.DoFn):
         yield split, name, 1
 
 
-class CountChunks(beam.CombineFn):
-    """Receipts (split, array, chunks) -> Counter of chunks written per (split, array)."""
-
-    def create_accumulator(self):
-        return Counter()
-
-    def add_input(self, acc, receipt):
-        split, name, chunks = receipt
-        acc[split, name] += chunks
-        return acc
-
-    def merge_accumulators(self, accs):
-        total = Counter()
-        for acc in accs:
-            total.update(acc)
-        return total
-
-    def extract_output(self, acc):
-        return dict(acc)
-
-
 class WriteFlatTokens(beam.PTransform):
     """SortedShards -> {(split, array): chunks written}, once every chunk is written.
 
@@ -211,5 +189,6 @@ class WriteFlatTokens(beam.PTransform):
         return (
             (owned.receipts, markers.receipts, shared)
             | "GatherReceipts" >> beam.Flatten()
-            | "CountChunks" >> beam.CombineGlobally(CountChunks())
+            | "KeyReceipts" >> beam.Map(lambda receipt: {receipt[:2]: receipt[2]})
+            | "CountChunks" >> beam.CombineGlobally(SumCounts())
         )
