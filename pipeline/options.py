@@ -75,6 +75,8 @@ class FlatTokensOptions(PipelineOptions):
         g = parser.add_argument_group("reporting")
         g.add_argument("--summary_json", default=None,
                        help="also write the end-of-run summary as JSON to this path (for schedulers)")
+        g.add_argument("--progress_interval", type=float, default=10.0,
+                       help="seconds between progress lines on local runners (default 10)")
         g.add_argument("--quiet", action="store_true", default=False,
                        help="only warnings, errors and the final summary (no progress lines)")
         g.add_argument("--verbose", action="store_true", default=False,

@@ -146,7 +146,7 @@ def _run(options, plan, ft) -> int | None:
     build_pipeline(pipeline, plan)
     progress = None
     if plan.progress_dir:
-        progress = ProgressLogger(plan.progress_dir, plan.input_bytes, logs.log().info)
+        progress = ProgressLogger(plan.progress_dir, plan.input_bytes, logs.log().info, ft.progress_interval)
         progress.start()
     try:
         with _beam_errors_logged_quietly():

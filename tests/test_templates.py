@@ -35,6 +35,7 @@ LAUNCH_SH = FLINK / "launch.sh"
 NOT_PARAMETERS = {
     "summary_json": "a file on the launcher VM, which is discarded; on Dataflow the same stats are "
                     "the committed dataset's root attributes",
+    "progress_interval": "launcher logging only; a Dataflow job's progress and logs are in the Dataflow console",
     "quiet": "launcher logging only; a Dataflow job's progress and logs are in the Dataflow console",
     "verbose": "launcher logging only; a Dataflow job's progress and logs are in the Dataflow console",
 }

@@ -1,0 +1,48 @@
+"""What a user sees: the console script, progress lines, the summary and its JSON twin."""
+import json
+import subprocess
+import sys
+
+import zarr
+
+from tests.helpers import REPO, run_pipeline, write_jsonl
+
+
+def test_progress_lines_and_a_summary_with_the_exact_numbers(tmp_path, corpus, bpe_tokenizer):
+    write_jsonl(tmp_path / "bad" / "x.jsonl", ["fine"])
+    with open(tmp_path / "bad" / "x.jsonl", "a") as f:
+        f.write("{broken\n\n")
+    out = tmp_path / "out.zarr"
+    proc = run_pipeline("--input", f"{corpus}/*.jsonl", "--input", tmp_path / "bad", "--output", out,
+                        "--tokenizer", bpe_tokenizer, "--progress_interval", "0.2", "--max_rejected_fraction", "0.01",
+                        "--summary_json", tmp_path / "summary.json")
+    stats = zarr.open_group(str(out), mode="r").attrs["stats"]
+    progress = [line for line in proc.stderr.splitlines() if line.startswith("progress:")]
+    assert progress and "MB input read" in progress[-1] and "tokens/s" in progress[-1], proc.stderr
+    text = proc.stdout
+    assert f"train: {stats['train']['sequences']:,} sequences, {stats['train']['tokens']:,} tokens" in text
+    assert f"{stats['documents']:,} documents, 1 blank lines, 1 rejected lines" in text
+    assert "out.zarr.rejected/" in text and "bytes/token" in text and "tokens/s" in text
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["stats"] == stats
+    assert summary["tokens"] == stats["train"]["tokens"] + stats["validation"]["tokens"]
+    assert summary["output_bytes"] > 0 and summary["wall_seconds"] > 0
+    assert summary["rejected_output"].endswith("out.zarr.rejected")
+
+
+def test_quiet_prints_no_progress(tmp_path, corpus):
+    proc = run_pipeline("--input", f"{corpus}/*.jsonl", "--output", tmp_path / "o.zarr", "--tokenizer", "bytes",
+                        "--progress_interval", "0.1", "--quiet")
+    assert "progress:" not in proc.stderr and "flat-tokens: wrote" in proc.stdout
+
+
+def test_the_console_script_dispatches_and_helps(tmp_path):
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "pipeline.cli", *args], cwd=REPO, capture_output=True, text=True)
+    top = cli("--help")
+    assert top.returncode == 0 and all(c in top.stdout for c in ("run", "verify", "inspect"))
+    helped = cli("run", "--help")
+    for group in ("input:", "tokenization:", "split and shuffle:", "output:", "limits and tuning:", "reporting:"):
+        assert group in helped.stdout
+    assert "example" in helped.stdout and "--runner" in helped.stdout
+    assert cli("frobnicate").returncode == 2
