@@ -123,7 +123,7 @@ def build_pipeline(p: beam.Pipeline, plan: JobPlan):
     )
     created = (
         p
-        | "Once" >> beam.Create([None])
+        | "Once" >> beam.Create([None], reshuffle=False)
         | "CreateOutput" >> beam.ParDo(CreateOutput(plan.target, plan.overwrite, plan.rejected_url), singleton(layout)))
     reports = corpus.rejected | "ReportRejectedLines" >> WriteRejectedLines(
         plan.rejected_url, beam.pvalue.AsList(corpus.line_counts), singleton(created), so)

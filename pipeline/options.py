@@ -61,8 +61,9 @@ class FlatTokensOptions(PipelineOptions):
                        help=f"seq_starts chunk, in entries (default {DEFAULT_SEQ_STARTS_CHUNK})")
         g.add_argument("--chunks_per_shard", type=int, default=0,
                        help="zarr 3 only: store this many chunks per shard object (0 = no sharding)")
-        g.add_argument("--codec", default="blosc-zstd", choices=("blosc-zstd", "blosc-lz4", "zstd"),
-                       help="chunk compression (default blosc-zstd: Blosc zstd level 3 with bit-shuffle)")
+        g.add_argument("--codec", default="zstd", choices=("zstd", "blosc-zstd", "blosc-lz4"),
+                       help="chunk compression (default zstd: level 3, measured 39%% smaller than Blosc "
+                            "zstd with bit-shuffle on real GPT-2 tokens, and faster)")
 
         g = parser.add_argument_group("limits and tuning")
         g.add_argument("--max_rejected_fraction", type=float, default=0.001,

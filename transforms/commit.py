@@ -90,7 +90,7 @@ class CommitDataset(beam.PTransform):
         chunks_written, layout, counts = inputs
         return (
             chunks_written.pipeline
-            | "Once" >> beam.Create([None])
+            | "Once" >> beam.Create([None], reshuffle=False)
             | "Commit" >> beam.ParDo(CommitFn(self._target, self._provenance),
                                      beam.pvalue.AsSingleton(chunks_written), beam.pvalue.AsSingleton(layout),
                                      beam.pvalue.AsSingleton(counts))

@@ -107,8 +107,7 @@ class ReadJsonlDocuments(beam.PTransform):
     def expand(self, pbegin):
         return (
             pbegin
+            # Create reshuffles its elements, so ranges spread over workers.
             | "ListRanges" >> beam.Create(self._ranges)
-            # Spread ranges over workers: Create alone may hand them all to one.
-            | "SpreadRanges" >> beam.Reshuffle()
             | "ReadRanges" >> beam.ParDo(self._fn).with_outputs(REJECTED, LINE_COUNTS, COUNTS, main="documents")
         )

@@ -47,6 +47,7 @@ class ShardPart:
     offsets: np.ndarray  # uint64
     lengths: np.ndarray  # int64
     packed_tokens: bytes  # uint32 encoded tokens, compressed for the shuffle
+    max_token_id: int  # measured when packed, so sizing a part needs no decompression
 
     @staticmethod
     def pack(tokens: np.ndarray) -> bytes:

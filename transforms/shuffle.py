@@ -61,20 +61,20 @@ def split_and_shard(batch: TokenizedBatch, seed: int, validation_fraction: float
         if members.size == 0:
             continue
         g = int(group[members[0]])
+        tokens = gather_segments(batch.tokens, batch.lengths, members)
         yield (SPLITS[g >> 32], g & 0xFFFFFFFF), ShardPart(
             order_hashes=order_hashes[members],
             salts=np.full(members.size, order_salt, dtype=np.uint64),
             offsets=batch.offsets[members],
             lengths=batch.lengths[members],
-            packed_tokens=ShardPart.pack(gather_segments(batch.tokens, batch.lengths, members)),
+            packed_tokens=ShardPart.pack(tokens),
+            max_token_id=int(tokens.max() >> 1) if tokens.size else -1,
         )
 
 
 def size_of(keyed_part) -> ShardSize:
     (split, shard), part = keyed_part
-    tokens = part.tokens()
-    max_id = int(tokens.max() >> 1) if tokens.size else -1
-    return ShardSize(split, shard, int(tokens.size), int(part.lengths.size), max_id)
+    return ShardSize(split, shard, int(part.lengths.sum()), int(part.lengths.size), part.max_token_id)
 
 
 def sort_shard(keyed_parts) -> SortedShard:

@@ -68,9 +68,8 @@ def _load_json_text(spec: str, storage_options: dict | None) -> tuple[str, str]:
 
 
 def _parse(json_text: str, spec: str):
-    from tokenizers import Tokenizer
     try:
-        return Tokenizer.from_str(json_text)
+        return backends.hf_tokenizer(json_text)
     except Exception as e:  # tokenizers raises its own exception type for bad JSON
         raise TokenizerError(f"--tokenizer {spec}: not a valid tokenizer.json ({str(e)[:200]})") from None
 

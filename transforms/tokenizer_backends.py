@@ -57,9 +57,23 @@ class BackendMismatch(RuntimeError):
     """A backend gave other ids than the reference: the message says where and how."""
 
 
-def _hf(json_text: str):
+# Loading a large tokenizer.json takes ~0.5 s per backend. The launcher's guard and an
+# in-process worker load the same ones: keep them per process, keyed by content, so the
+# cache can never hand out another tokenizer than the one asked for.
+_ENCODERS = {}
+
+
+def hf_tokenizer(json_text: str):
+    """The reference tokenizers.Tokenizer for a tokenizer.json, parsed once per process."""
     from tokenizers import Tokenizer
-    tokenizer = Tokenizer.from_str(json_text)
+    key = ("tokenizers.Tokenizer", hashlib.sha256(json_text.encode("utf-8")).hexdigest())
+    if key not in _ENCODERS:
+        _ENCODERS[key] = Tokenizer.from_str(json_text)
+    return _ENCODERS[key]
+
+
+def _hf(json_text: str):
+    tokenizer = hf_tokenizer(json_text)
 
     def encode(texts):
         id_lists = [e.ids for e in tokenizer.encode_batch_fast(texts, add_special_tokens=False)]
@@ -109,12 +123,6 @@ def installed(name: str) -> bool:
         return True
     except ImportError:
         return False
-
-
-# Loading a large tokenizer.json takes ~0.5 s per backend. The launcher's guard and an
-# in-process worker load the same ones: keep them per process, keyed by content, so the
-# cache can never hand out another tokenizer than the one asked for.
-_ENCODERS = {}
 
 
 def make_encoder(name: str, json_text: str):

@@ -178,7 +178,7 @@ class WriteFlatTokens(beam.PTransform):
             WriteOwnedChunks(self._target), layout, ready).with_outputs(WriteOwnedChunks.FRAGMENTS, main="receipts")
         markers = (
             shards.pipeline
-            | "Once" >> beam.Create([None])
+            | "Once" >> beam.Create([None], reshuffle=False)
             | "WriteEndMarkers" >> beam.ParDo(WriteEndMarkers(self._target), layout, ready)
             .with_outputs(WriteOwnedChunks.FRAGMENTS, main="receipts"))
         shared = (

@@ -42,7 +42,7 @@ class StoreTarget:
     tokens_chunk: int = 1 << 18
     seq_starts_chunk: int = 1 << 16
     chunks_per_shard: int | None = None  # zarr v3 sharding: inner chunks per shard object
-    codec: str = "blosc-zstd"
+    codec: str = "zstd"
     run_id: str = ""
     storage_options: dict = field(default_factory=dict)
 

@@ -115,7 +115,7 @@ with DAG(
                     "validation_fraction": "0.01",
                     "seed": "0",
                     "zarr_format": "2",
-                    "codec": "blosc-zstd",
+                    "codec": "zstd",
                     # No "overwrite": an existing non-empty output makes the launch fail with
                     # exit 2 before any data is read, so a finished day is never replaced.
                     "sdk_container_image": IMAGE,

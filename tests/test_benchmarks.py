@@ -1,0 +1,45 @@
+"""Smoke test of benchmarks/bench_pipeline.py on a tiny corpus: it runs end to end and
+reports every field (no timing assertions: the numbers depend on the machine)."""
+import json
+import subprocess
+import sys
+
+from tests.helpers import REPO, SAMPLE, write_jsonl
+
+BENCH = REPO / "benchmarks" / "bench_pipeline.py"
+
+
+def test_bench_pipeline_smoke(tmp_path):
+    texts = [json.loads(line)["text"] for line in open(SAMPLE / "corpus-1.jsonl", encoding="utf-8")][:200]
+    corpus = write_jsonl(tmp_path / "tiny.jsonl", texts)
+    results, work = tmp_path / "bench.json", tmp_path / "work"
+    proc = subprocess.run(
+        [sys.executable, str(BENCH), "--input", str(corpus), "--tokenizer", str(SAMPLE / "tokenizer.json"),
+         "--rounds", "1", "--scale", "2", "--codecs", "blosc-lz4", "--json", str(results), "--workdir", str(work)],
+        cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
+    out = proc.stdout
+    for field in ("(a) pipeline", "(b) raw limit", "(c) orjson + HF encode_batch_fast", "wall s", "tokens/s",
+                  "MB/s", "peak RSS MB", "ratio a/b", "cores (os.cpu_count)", "load average",
+                  "zstd (default)", "blosc-lz4", "bytes/token", "self time by row",
+                  "beam overhead", "tokenizer", "zarr/numcodecs", "orjson/json", "by step",
+                  "tokenize (TokenizeBatches)", "scale: input x2", "time per byte", "targets"):
+        assert field in out, f"{field!r} missing from:\n{out}"
+
+    r = json.loads(results.read_text())
+    assert r["cpu_count"] >= 1 and len(r["load_average_start"]) == 3 and len(r["load_average_end"]) == 3
+    assert set(r["medians"]) == {"a", "b", "c"}
+    tokens = {k: m["tokens"] for k, m in r["medians"].items()}
+    assert tokens["a"] > 0 and len(set(tokens.values())) == 1, tokens  # same corpus, same tokenizer, same ids
+    for m in r["medians"].values():
+        assert m["wall_seconds"] > 0 and m["peak_rss_mb"] > 0 and m["tokens_per_second"] > 0
+        assert m["input_mb_per_second"] > 0 and len(m["walls"]) == 1
+    assert r["ratio_a_b"] > 0
+    assert r["raw_backend"]["name"] in ("fastokens", "hf")
+    assert set(r["codecs"]) == {"zstd", "blosc-lz4"}
+    assert all(c["bytes_per_token"] > 0 for c in r["codecs"].values())
+    stages = dict(r["profile"]["stages"])
+    assert stages["Beam Pipeline.run, of which:"] > 0
+    assert r["profile"]["self_time"] and r["profile"]["total_seconds"] > 0
+    assert r["scale"]["k"] == 2 and r["scale"]["ratio"] > 0 and r["scale"]["tokens_kx"] == 2 * tokens["a"]
+    assert not any(work.iterdir()), "the work directory is removed without --keep"
