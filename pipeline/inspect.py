@@ -31,6 +31,7 @@ import fsspec
 import numpy as np
 
 from pipeline.reader import SPLITS, DatasetError, FlatTokensSplit, inputs_targets, open_dataset
+from pipeline.verify import _storage_option
 
 USAGE_ERROR = 2
 BAR_WIDTH = 40
@@ -345,16 +346,6 @@ def render(report: dict) -> str:
 
 # ---------------------------------------------------------------------------------------------
 # Command line
-
-
-def _storage_option(text: str) -> tuple[str, object]:
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
-    try:
-        return key, json.loads(value)
-    except ValueError:
-        return key, value
 
 
 def _count(text: str) -> int:
