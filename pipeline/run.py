@@ -117,9 +117,7 @@ def main(argv=None) -> int:
             raise OptionError(f"unknown option {unknown[0]}; see --help")
         check_options(ft)
         plan = plan_job(ft)
-        if zarr_store.output_state(plan.target) == "occupied" and not ft.overwrite:
-            raise zarr_store.OutputError(f"--output {ft.output}: exists and is not empty; pass --overwrite "
-                                         f"to replace it, or choose another path")
+        zarr_store.refuse_occupied(plan.target, ft.overwrite)  # fail now, not after hours of tokenizing
         zarr_store.check_writable(plan.target)
     except (OptionError, InputError, TokenizerError, zarr_store.OutputError) as e:
         return _fail(str(e), USAGE_ERROR)

@@ -122,16 +122,19 @@ def remove_output(target: StoreTarget) -> None:
     fs.invalidate_cache()
 
 
+def refuse_occupied(target: StoreTarget, overwrite: bool) -> str:
+    """The output's state; raises when something that is not ours is there and may not go."""
+    state = output_state(target)
+    if state == "occupied" and not overwrite:
+        raise OutputError(f"--output {target.url}: exists and is not empty; pass --overwrite to replace it, "
+                          f"or choose another path")
+    return state
+
+
 def prepare_output(target: StoreTarget, overwrite: bool) -> None:
     """Makes the output path empty, or refuses: a finished dataset is never clobbered by accident."""
-    state = output_state(target)
-    if state in ("absent", "empty"):
-        return
-    if state == "ours" or overwrite:
+    if refuse_occupied(target, overwrite) in ("ours", "occupied"):
         remove_output(target)
-        return
-    raise OutputError(f"--output {target.url}: exists and is not empty; pass --overwrite to replace it, "
-                      f"or choose another path")
 
 
 def check_writable(target: StoreTarget) -> None:
