@@ -17,8 +17,8 @@ import numpy as np
 
 from transforms import layout as plan
 from transforms import rejected
-from transforms.commit import SumCounts
 from transforms import zarr_store as store
+from transforms.commit import SumCounts
 from transforms.records import ShardSize, SortedShard
 from transforms.zarr_store import SEQ_STARTS, SPLITS, TOKENS, StoreTarget
 
@@ -26,21 +26,23 @@ from transforms.zarr_store import SEQ_STARTS, SPLITS, TOKENS, StoreTarget
 class LayOutShards(beam.CombineFn):
     """ShardSizes -> {split: SplitLayout}: the global prefix sum of shard sizes."""
 
+    @staticmethod
+    def _add(acc, key, tokens: int, sequences: int, max_id: int):
+        t, n, m = acc.get(key, (0, 0, -1))
+        acc[key] = (t + tokens, n + sequences, max(m, max_id))
+
     def create_accumulator(self):
         return {}
 
     def add_input(self, acc, size: ShardSize):
-        key = (size.split, size.shard)
-        tokens, sequences, max_id = acc.get(key, (0, 0, -1))
-        acc[key] = (tokens + size.tokens, sequences + size.sequences, max(max_id, size.max_token_id))
+        self._add(acc, (size.split, size.shard), size.tokens, size.sequences, size.max_token_id)
         return acc
 
     def merge_accumulators(self, accs):
         merged = {}
         for acc in accs:
-            for key, (t, n, m) in acc.items():
-                tokens, sequences, max_id = merged.get(key, (0, 0, -1))
-                merged[key] = (tokens + t, sequences + n, max(max_id, m))
+            for key, value in acc.items():
+                self._add(merged, key, *value)
         return merged
 
     def extract_output(self, acc):
