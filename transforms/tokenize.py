@@ -135,8 +135,7 @@ def check_sample(batch: DocumentBatch, ids: np.ndarray, lengths: np.ndarray, enc
     if picked.size == 0:
         return
     texts = [backends.bounded(batch.texts[i]) for i in picked]
-    whole = [i for i, t in zip(picked, texts) if len(t) == len(batch.texts[i])]
-    if len(whole) == len(picked):
+    if all(len(t) == len(batch.texts[i]) for i, t in zip(picked, texts)):
         starts = np.cumsum(lengths) - lengths
         sub = np.concatenate([ids[starts[i]:starts[i] + lengths[i]] for i in picked])
         candidate = lambda _: (sub, lengths[picked])  # noqa: E731 (the run's own ids, not re-encoded)
