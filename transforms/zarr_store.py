@@ -200,9 +200,3 @@ def commit(target: StoreTarget, root_attributes: dict, split_attributes: dict[st
 def read_root_attributes(url: str, storage_options: dict | None = None) -> dict:
     group = zarr.open_group(make_store(url, storage_options, read_only=True), mode="r")
     return dict(group.attrs)
-
-
-def url_exists(url: str, storage_options: dict | None = None) -> bool:
-    fs, path = filesystem(url, storage_options)
-    return fs.exists(path)
-
