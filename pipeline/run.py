@@ -36,6 +36,23 @@ def _fail(message: str, code: int) -> int:
 LOCAL_RUNNERS = {None, "DirectRunner", "FnApiRunner", "BundleBasedDirectRunner", "SwitchingDirectRunner"}
 
 
+def in_process_runner(options: PipelineOptions):
+    """The runner for the default `--runner` (unset or DirectRunner): Beam's FnApiRunner,
+    set up as DirectRunner sets it up, so --direct_running_mode and --direct_num_workers
+    work as documented. Beam's DirectRunner would first try to switch to the Prism runner,
+    a binary it downloads at run time when the network allows: the same command would then
+    run on one runner online and another offline. None for any other --runner."""
+    if options.view_as(StandardOptions).runner not in (None, "DirectRunner"):
+        return None
+    from apache_beam.portability.api import beam_provision_api_pb2
+    from apache_beam.runners.portability.fn_api_runner import fn_runner
+    from apache_beam.runners.portability.portable_runner import JobServiceHandle
+
+    encoded = JobServiceHandle.encode_pipeline_options(options.get_all_options())
+    return fn_runner.FnApiRunner(provision_info=fn_runner.ExtendedProvisionInfo(
+        beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded)))
+
+
 def output_bytes(url: str, storage_options: dict | None = None) -> int | None:
     try:
         fs, path = url_to_fs(url, **(storage_options or {}))
@@ -140,7 +157,7 @@ def main(argv=None) -> int:
 
 def _run(options, plan, ft) -> int | None:
     """Runs the pipeline; None when it finished, else the exit code."""
-    pipeline = beam.Pipeline(options=options)
+    pipeline = beam.Pipeline(runner=in_process_runner(options), options=options)
     build_pipeline(pipeline, plan)
     progress = None
     if plan.progress_dir:

@@ -199,3 +199,43 @@ def test_installed_package_as_the_code_of_external_workers(installed, installed_
         assert proc.returncode == 0, proc.stderr[-5000:] + svc.logs.pool.read_text()[-3000:]
         assert started_workers(svc.logs.pool) >= 1
     check_flat_tokens(out, "--compare", installed_run.out)
+
+
+class _RecordingProxy:
+    """An HTTP(S) proxy on loopback that answers nothing and remembers who connected."""
+
+    def __init__(self):
+        import socket
+        import threading
+        self.requests: list[bytes] = []
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._server.getsockname()[1]}"
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while True:
+            try:
+                conn, _ = self._server.accept()
+            except OSError:
+                return
+            with conn:
+                self.requests.append(conn.recv(4096))
+
+    def close(self):
+        self._server.close()
+
+
+def test_the_default_runner_runs_in_process_and_never_fetches_another_runner(tmp_path):
+    """Beam's DirectRunner switches to the Prism runner (a Go binary it downloads at run
+    time) whenever the network allows, so the same command would run on an untested runner
+    online and on FnApiRunner offline. The default must be FnApiRunner everywhere: with every
+    HTTP(S) request sent to a recording proxy, a default run must send none."""
+    proxy = _RecordingProxy()
+    try:
+        proxy_env = {k: proxy.url for k in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY")}
+        run_pipeline("--input", f"{REPO}/pipeline/sample/corpus-1.jsonl", "--tokenizer", "bytes",
+                     "--output", tmp_path / "out.zarr", env={**proxy_env, "NO_PROXY": "", "no_proxy": ""})
+    finally:
+        proxy.close()
+    assert proxy.requests == [], f"the run tried to download something: {proxy.requests[:1]}"
+    assert verify.verify_dataset(str(tmp_path / "out.zarr")) == []
