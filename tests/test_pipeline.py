@@ -144,6 +144,24 @@ def test_no_special_tokens_are_added(tmp_path):
     assert (tokens >> 1).tolist() == [2, 3]
 
 
+def test_ids_wider_than_16_bits_meet_narrow_ones_in_one_shard(tmp_path):
+    """Batches cross the shuffle as uint16 ids when they fit and uint32 otherwise; one shard
+    holding both must keep every id, up to the format's largest (2**31-1)."""
+    vocab = {"[UNK]": 0, "small": 5, "top16": 65535, "first17": 65536, "largest": 2**31 - 1}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(tmp_path / "tok.json"))
+    write_jsonl(tmp_path / "in" / "narrow.jsonl", ["small top16", "small", "top16 top16 small"])
+    write_jsonl(tmp_path / "in" / "wide.jsonl", ["first17 small", "largest", "small largest top16"])
+    run_pipeline("--input", f"{tmp_path}/in/*.jsonl", "--output", tmp_path / "o.zarr", "--tokenizer",
+                 tmp_path / "tok.json", "--validation_fraction", "0", "--num_shards", "1")
+    want = [tuple(vocab[w] for w in t.split()) for t in ["small top16", "small", "top16 top16 small",
+                                                          "first17 small", "largest", "small largest top16"]]
+    assert sorted(sequences(tmp_path / "o.zarr")) == sorted(want)
+    assert arrays(tmp_path / "o.zarr")[2] == 2**31 - 1
+    check_flat_tokens(tmp_path / "o.zarr", "--input", f"{tmp_path}/in/*.jsonl", "--tokenizer", tmp_path / "tok.json")
+
+
 def test_a_token_id_above_2_31_fails_the_job_naming_the_tokenizer(tmp_path):
     tok = Tokenizer(models.WordLevel({"[UNK]": 0, "big": 2**31}, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()

@@ -61,3 +61,39 @@ def test_gather_segments_concatenates_documents_in_order(lengths, block, data):
     starts = np.cumsum(lengths) - lengths
     want = [int(t) for i in order for t in tokens[starts[i]:starts[i] + lengths[i]]]
     assert gather_segments(tokens, lengths, order).tolist() == want
+
+
+@settings(max_examples=100, deadline=None)
+@given(batches=st.lists(st.tuples(st.lists(st.integers(1, 40), min_size=1, max_size=20), st.booleans()),
+                        min_size=1, max_size=4),
+       shards=st.integers(1, 4), seed=st.integers(0, 2**32))
+def test_shard_parts_carry_every_document_whole_and_sorted_shards_encode_start_bits(batches, shards, seed):
+    """Batches -> parts (ids in their narrowest type, compressed) -> sorted shards. Batches
+    whose ids need 32 bits meet narrower ones in one shard; every document arrives once,
+    whole, with exactly one start bit, and shards are in the global shuffled order."""
+    from transforms.records import TokenizedBatch
+    from transforms.shuffle import sort_shard, split_and_shard
+    rng = np.random.default_rng(seed)
+    documents, parts = {}, {}
+    for b, (lengths, wide) in enumerate(batches):
+        lengths = np.array(lengths, dtype=np.int64)
+        ids = rng.integers(0, 70_000 if wide else 300, int(lengths.sum())).astype(np.uint32)
+        offsets = np.arange(lengths.size, dtype=np.uint64) * np.uint64(100)
+        starts = np.cumsum(lengths) - lengths
+        for o, a, n in zip(offsets.tolist(), starts.tolist(), lengths.tolist()):
+            documents[(f"0:f{b}", o)] = ids[a:a + n].tolist()
+        batch = TokenizedBatch(f"0:f{b}", "train", offsets, lengths, ids if wide else ids.astype(np.uint16), 0)
+        for key, part in split_and_shard(batch, seed, 0.0, {"train": shards, "validation": 1}):
+            assert part.ids_dtype == batch.ids.dtype.name
+            assert part.max_token_id == max(max(documents[(batch.file_key, int(o))]) for o in part.offsets)
+            parts.setdefault(key, []).append(part)
+    received, hashes = [], []
+    for key in sorted(parts):
+        shard = sort_shard((key, parts[key]))
+        assert shard.tokens.dtype == np.uint32
+        starts = np.cumsum(shard.lengths) - shard.lengths
+        assert np.flatnonzero(shard.tokens & 1).tolist() == starts.tolist()
+        received += [(shard.tokens[a:a + n] >> 1).tolist() for a, n in zip(starts, shard.lengths)]
+        hashes += sorted(int(h) for p in parts[key] for h in p.order_hashes)
+    assert sorted(received) == sorted(documents.values())
+    assert hashes == sorted(hashes)  # shards are consecutive hash ranges

@@ -9,7 +9,7 @@ import apache_beam as beam
 import numpy as np
 
 from transforms import shuffle_keys as keys
-from transforms.records import ShardPart, ShardSize, SortedShard, TokenizedBatch
+from transforms.records import ShardPart, ShardSize, SortedShard, TokenizedBatch, encode_start_bits
 
 SPLITS = ("train", "validation")
 _SLICE_WHEN_AVERAGE_LENGTH = 64
@@ -61,14 +61,12 @@ def split_and_shard(batch: TokenizedBatch, seed: int, validation_fraction: float
         if members.size == 0:
             continue
         g = int(group[members[0]])
-        tokens = gather_segments(batch.tokens, batch.lengths, members)
-        yield (SPLITS[g >> 32], g & 0xFFFFFFFF), ShardPart(
+        yield (SPLITS[g >> 32], g & 0xFFFFFFFF), ShardPart.of(
             order_hashes=order_hashes[members],
             salts=np.full(members.size, order_salt, dtype=np.uint64),
             offsets=batch.offsets[members],
             lengths=batch.lengths[members],
-            packed_tokens=ShardPart.pack(tokens),
-            max_token_id=int(tokens.max() >> 1) if tokens.size else -1,
+            ids=gather_segments(batch.ids, batch.lengths, members),
         )
 
 
@@ -78,7 +76,8 @@ def size_of(keyed_part) -> ShardSize:
 
 
 def sort_shard(keyed_parts) -> SortedShard:
-    """Sorts a shard's documents by (hash, salt, offset), gathering tokens from its parts."""
+    """Sorts a shard's documents by (hash, salt, offset), gathering their ids from the parts,
+    and encodes them with start bits."""
     (split, shard), parts = keyed_parts
     parts = list(parts)
     hashes = np.concatenate([p.order_hashes for p in parts])
@@ -86,18 +85,19 @@ def sort_shard(keyed_parts) -> SortedShard:
     offsets = np.concatenate([p.offsets for p in parts])
     lengths = np.concatenate([p.lengths for p in parts])
     order = keys.shuffled_order(hashes, salts, offsets)
-    part_tokens = [p.tokens() for p in parts]
+    part_ids = [p.ids() for p in parts]
     if len(parts) == 1 or int(lengths.sum()) < _SLICE_WHEN_AVERAGE_LENGTH * lengths.size:
-        tokens = part_tokens[0] if len(parts) == 1 else np.concatenate(part_tokens)
-        del part_tokens
-        return SortedShard(split, shard, lengths[order], gather_segments(tokens, lengths, order))
-    # Long documents: slice them out of the parts directly (concatenating the parts first
-    # would copy every token once more).
-    part_of = np.repeat(np.arange(len(parts)), [p.lengths.size for p in parts])
-    start_in_part = np.concatenate([np.cumsum(p.lengths) - p.lengths for p in parts])
-    pieces = [part_tokens[i][a:a + n] for i, a, n in
-              zip(part_of[order].tolist(), start_in_part[order].tolist(), lengths[order].tolist())]
-    return SortedShard(split, shard, lengths[order], np.concatenate(pieces))
+        ids = part_ids[0] if len(parts) == 1 else np.concatenate(part_ids)
+        del part_ids
+        ids = gather_segments(ids, lengths, order)
+    else:
+        # Long documents: slice them out of the parts directly (concatenating the parts first
+        # would copy every id once more).
+        part_of = np.repeat(np.arange(len(parts)), [p.lengths.size for p in parts])
+        start_in_part = np.concatenate([np.cumsum(p.lengths) - p.lengths for p in parts])
+        ids = np.concatenate([part_ids[i][a:a + n] for i, a, n in
+                              zip(part_of[order].tolist(), start_in_part[order].tolist(), lengths[order].tolist())])
+    return SortedShard(split, shard, lengths[order], encode_start_bits(ids, lengths[order]))
 
 
 class ShuffleGlobally(beam.PTransform):

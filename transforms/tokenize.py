@@ -16,7 +16,7 @@ import numpy as np
 
 from transforms import tokenizer_backends as backends
 from transforms.progress import ProgressFile
-from transforms.records import DocumentBatch, TokenizedBatch
+from transforms.records import DocumentBatch, TokenizedBatch, narrowest_ids
 
 BYTES = "bytes"
 MAX_TOKEN_ID = 2**31 - 1
@@ -116,15 +116,11 @@ def load_encoders(info: TokenizerInfo, storage_options: dict | None = None):
     return encoder, backends.make_encoder(backends.HF, text) if checked else None
 
 
-def encode_start_bits(ids: np.ndarray, lengths: np.ndarray, spec: str) -> np.ndarray:
-    """Flat-tokens encoding: 2*id, plus 1 on each sequence's first token. Lengths must be > 0."""
+def check_id_limit(ids: np.ndarray, spec: str) -> None:
+    """The format stores 2*id + start bit in 32 bits."""
     if ids.size and int(ids.max()) > MAX_TOKEN_ID:
         raise TokenizerError(f"--tokenizer {spec}: produced token id {int(ids.max())}, above the "
                              f"format's limit 2**31-1; this tokenizer cannot be stored as flat-tokens")
-    tokens = ids.astype(np.uint32) << np.uint32(1)
-    starts = np.cumsum(lengths) - lengths
-    tokens[starts] |= np.uint32(1)
-    return tokens
 
 
 def check_sample(batch: DocumentBatch, ids: np.ndarray, lengths: np.ndarray, encoder, reference,
@@ -153,14 +149,14 @@ def tokenize_batch(batch: DocumentBatch, encoder, info: TokenizerInfo, reference
     ids, lengths = encoder(batch.texts)
     if reference is not None:
         check_sample(batch, ids, lengths, encoder, reference, info)
+    check_id_limit(ids, info.spec)
     kept = lengths > 0
-    lengths = lengths[kept]
     return TokenizedBatch(
         file_key=batch.file_key,
         split=batch.split,
         offsets=batch.offsets[kept],
-        lengths=lengths,
-        tokens=encode_start_bits(ids, lengths, info.spec),
+        lengths=lengths[kept],
+        ids=narrowest_ids(ids),
         empty=int(np.count_nonzero(~kept)),
     )
 
@@ -180,7 +176,7 @@ class TokenizeBatches(beam.DoFn):
 
     def process(self, batch: DocumentBatch):
         tokenized = tokenize_batch(batch, self._encoder, self._info, self._reference)
-        self._progress.add(tokens=int(tokenized.tokens.size))
+        self._progress.add(tokens=int(tokenized.ids.size))
         yield tokenized
 
     def teardown(self):
