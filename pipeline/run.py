@@ -17,6 +17,7 @@ import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 from fsspec.core import url_to_fs
 
+from pipeline import allocator
 from pipeline.graph import build_pipeline, plan_job
 from pipeline.options import FlatTokensOptions, OptionError, check_options, help_text, unknown_options
 from transforms import zarr_store
@@ -141,6 +142,9 @@ def main(argv=None) -> int:
 
     started = time.time()
     local = options.view_as(StandardOptions).runner in LOCAL_RUNNERS
+    if local:
+        tuned = allocator.keep_freed_memory_for_reuse()
+        logs.log().debug("malloc keeps freed memory for reuse: %s", tuned)
     with tempfile.TemporaryDirectory(prefix="flat-tokens-progress-") as progress_dir:
         if local and not ft.quiet:
             plan.progress_dir = progress_dir
