@@ -19,6 +19,7 @@ from pipeline.options import DEFAULT_SHARD_MB, FlatTokensOptions, validation_fra
 from transforms.commit import CommitDataset, SumCounts
 from transforms.inputs import InputFile, check_readable, list_input_files, read_ranges
 from transforms.read_jsonl import ReadJsonlDocuments, peek_documents
+from transforms.records import TokenizedBatch
 from transforms.rejected import CheckRejectedFraction, WriteRejectedLines
 from transforms.shuffle import ShuffleGlobally
 from transforms.tokenize import TokenizeBatches, TokenizerInfo, resolve_tokenizer
@@ -112,7 +113,8 @@ def build_pipeline(p: beam.Pipeline, plan: JobPlan):
     corpus = p | "ReadCorpus" >> ReadJsonlDocuments(
         read_ranges(plan.files, plan.read_range_bytes), plan.text_key,
         batch_documents=plan.batch_documents, storage_options=so, progress_dir=plan.progress_dir)
-    tokenized = corpus.documents | "Tokenize" >> beam.ParDo(TokenizeBatches(plan.tokenizer, so, plan.progress_dir))
+    tokenized = corpus.documents | "Tokenize" >> beam.ParDo(
+        TokenizeBatches(plan.tokenizer, so, plan.progress_dir)).with_output_types(TokenizedBatch)
     shards, sizes = tokenized | "ShuffleGlobally" >> ShuffleGlobally(
         plan.seed, plan.validation_fraction, plan.num_shards)
     layout = sizes | "LayOutShards" >> beam.CombineGlobally(LayOutShards())

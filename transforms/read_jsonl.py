@@ -109,5 +109,6 @@ class ReadJsonlDocuments(beam.PTransform):
             pbegin
             # Create reshuffles its elements, so ranges spread over workers.
             | "ListRanges" >> beam.Create(self._ranges)
-            | "ReadRanges" >> beam.ParDo(self._fn).with_outputs(REJECTED, LINE_COUNTS, COUNTS, main="documents")
+            | "ReadRanges" >> beam.ParDo(self._fn).with_output_types(DocumentBatch)
+            .with_outputs(REJECTED, LINE_COUNTS, COUNTS, main="documents")
         )

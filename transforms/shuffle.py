@@ -112,11 +112,12 @@ class ShuffleGlobally(beam.PTransform):
 
     def expand(self, batches):
         parts = batches | "KeyByShard" >> beam.FlatMap(
-            split_and_shard, self._seed, self._validation_fraction, self._num_shards)
+            split_and_shard, self._seed, self._validation_fraction, self._num_shards,
+        ).with_output_types(tuple[tuple[str, int], ShardPart])
         sizes = parts | "MeasureParts" >> beam.Map(size_of)
         shards = (
             parts
             | "GroupByShard" >> beam.GroupByKey()
-            | "SortShard" >> beam.Map(sort_shard)
+            | "SortShard" >> beam.Map(sort_shard).with_output_types(SortedShard)
         )
         return shards, sizes
