@@ -24,10 +24,13 @@ print(json.dumps({"tuned": tuned, "faults": faults_of_one_buffer()}))
 """
 
 
+def environment_without_malloc_settings() -> dict:
+    return {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+
+
 def probe(mode: str, env: dict | None = None) -> dict:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
     proc = subprocess.run([sys.executable, "-c", PROBE, mode], cwd=REPO, capture_output=True, text=True,
-                          env={**clean, **(env or {})}, check=True)
+                          env={**environment_without_malloc_settings(), **(env or {})}, check=True)
     return json.loads(proc.stdout)
 
 
@@ -48,7 +51,6 @@ def test_processes_started_after_tuning_reuse_freed_buffers_too():
     code = ("import subprocess, sys; from pipeline import allocator; allocator.keep_freed_memory_for_reuse(); "
             "sys.stdout.write(subprocess.run([sys.executable, '-c', sys.argv[1], 'untuned'], "
             "capture_output=True, text=True, check=True).stdout)")
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
     child = json.loads(subprocess.run([sys.executable, "-c", code, PROBE], cwd=REPO, capture_output=True,
-                                      text=True, env=clean, check=True).stdout)
+                                      text=True, env=environment_without_malloc_settings(), check=True).stdout)
     assert child["faults"] < 1_000, child

@@ -85,6 +85,7 @@ def sort_shard(keyed_parts) -> SortedShard:
     offsets = np.concatenate([p.offsets for p in parts])
     lengths = np.concatenate([p.lengths for p in parts])
     order = keys.shuffled_order(hashes, salts, offsets)
+    sorted_lengths = lengths[order]
     part_ids = [p.ids() for p in parts]
     if len(parts) == 1 or int(lengths.sum()) < _SLICE_WHEN_AVERAGE_LENGTH * lengths.size:
         ids = part_ids[0] if len(parts) == 1 else np.concatenate(part_ids)
@@ -96,8 +97,8 @@ def sort_shard(keyed_parts) -> SortedShard:
         part_of = np.repeat(np.arange(len(parts)), [p.lengths.size for p in parts])
         start_in_part = np.concatenate([np.cumsum(p.lengths) - p.lengths for p in parts])
         ids = np.concatenate([part_ids[i][a:a + n] for i, a, n in
-                              zip(part_of[order].tolist(), start_in_part[order].tolist(), lengths[order].tolist())])
-    return SortedShard(split, shard, lengths[order], encode_start_bits(ids, lengths[order]))
+                              zip(part_of[order].tolist(), start_in_part[order].tolist(), sorted_lengths.tolist())])
+    return SortedShard(split, shard, sorted_lengths, encode_start_bits(ids, sorted_lengths))
 
 
 class ShuffleGlobally(beam.PTransform):
