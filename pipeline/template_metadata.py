@@ -5,13 +5,13 @@
 tests/test_templates.py fails while the committed file differs from what this prints.
 
 Dataflow checks every parameter value against its regexes before the launch (the whole value
-must match). Google documents them as POSIX egrep expressions, Dataflow's own services and the
-console run other engines (RE2, Java, JavaScript), so the regexes keep to what all of these read
-alike: anchored ^...$; literal characters and \\. outside brackets; bracket expressions of plain
-characters and ranges only (no backslash, `[`, `]` or [:class:] inside; whitespace is the
-character itself, which JSON shows as \\t \\n \\r); groups (...), |, ?, *, + and {m,n}. Nothing
-else: no lookaround, no (?:...), no \\d \\w \\s \\S shorthands, no lazy quantifiers, no
-backreferences.
+must match). Google documents them as POSIX egrep expressions and does not say which engine
+applies them, so they keep to what POSIX EREs, RE2 and Java's java.util.regex all read alike
+(tests/test_templates.py checks Python's re, RE2 and the C library's regcomp): anchored ^...$;
+literal characters and \\. outside brackets; bracket expressions of plain characters and ranges
+only (no backslash, `[`, `]` or [:class:] inside; whitespace is the character itself, which
+JSON shows as \\t \\n \\r); groups (...), |, ?, *, + and {m,n} up to 255. Nothing else: no
+lookaround, no (?:...), no \\d \\w \\s \\S shorthands, no lazy quantifiers, no backreferences.
 """
 import json
 import re
@@ -129,7 +129,9 @@ def parameter(o: Option) -> dict:
         p["enumOptions"] = [{"value": v, "label": label, "description": d} for v, label, d in t.choices]
     if pattern:
         p["regexes"] = [pattern]
-    if template_default(o) is not None and o.default_text is None:  # a value, not a description
+    # Only fixed defaults: a console may send defaultValue explicitly, and validation_fraction's
+    # 0.01 would then override its "0 with validation_input" (default_text marks such cases).
+    if template_default(o) is not None and o.default_text is None:
         p["defaultValue"] = template_default(o)
     return p
 
