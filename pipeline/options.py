@@ -1,6 +1,8 @@
 """The job's options: a Beam PipelineOptions subclass, so every Beam flag passes straight
 through (--runner, --direct_num_workers, --job_endpoint, --project, ...)."""
 import argparse
+from dataclasses import dataclass
+from typing import Any
 
 from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
 
@@ -14,74 +16,218 @@ class OptionError(ValueError):
     """A bad option value: the message names the option and the fix."""
 
 
+# ---------------------------------------------------------------------------------------------
+# The option table: the one place where the job's own options are declared.
+#
+# Generated from it: the argparse arguments of FlatTokensOptions (so `--help` and Beam's parsing
+# of the same argv), the README option-table check (tests/test_readme.py), and the Dataflow
+# template's parameters (`python -m pipeline.template_metadata > templates/dataflow/metadata.json`;
+# a test fails while the committed file differs).
+#
+# To add an option, add one Option(...) to OPTIONS, in its group's place:
+#   name          the flag without `--`; also the attribute on FlatTokensOptions
+#   group         its --help section (one of GROUPS)
+#   type          str, int, float, or bool for a flag (`--name` sets True)
+#   default       the value when it is not given
+#   help          a phrase for --help; never the default (that is appended from `default`, or
+#                 from `default_text` where `default` alone would mislead, e.g. None)
+#   choices, repeatable (the flag may be given again, values collect in a list),
+#   required      checked by check_options, not by argparse: Beam parses the same argv
+#   template      Template(label, kind, ...): how the Dataflow template offers it; or a string
+#                 saying why it is not a template parameter
+# then regenerate metadata.json, add the option's row to the README's Options table, and, if its
+# template kind is new to tests/test_templates.py, sample values there.
+# Range checks stay in check_options.
+
+
+@dataclass(frozen=True)
+class Template:
+    """The option as a Dataflow Flex Template parameter.
+
+    kind: what a value may be; it sets the parameter type and the validation regex
+        (pipeline/template_metadata.py, KINDS): text, int, count (>= 0), positive_int,
+        fraction ([0, 1]), fraction_below_1 ([0, 1)), flag (true|false), choice, gcs_read (a gs://
+        file, folder or glob), gcs_write (a gs:// path to create), tokenizer.
+    help: when the parameter means less than the option (one value, on Cloud Storage); else
+        the option's help is used.
+    choices: kind choice: (value, label, description) for each value the template offers.
+    example: a typical value: shown in the help, and the tests check it passes the regex.
+    """
+    label: str
+    kind: str
+    help: str | None = None
+    choices: tuple[tuple[str, str, str], ...] = ()
+    example: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Option:
+    name: str
+    group: str
+    help: str
+    template: Template | str
+    type: type = str
+    default: Any = None
+    default_text: str | None = None
+    choices: tuple = ()
+    repeatable: bool = False
+    required: bool = False
+
+
+GROUPS = ("input", "tokenization", "split and shuffle", "output", "limits and tuning", "reporting")
+_LAUNCHER_ONLY = "launcher logging only; a Dataflow job's progress and logs are in the Dataflow console"
+
+OPTIONS: tuple[Option, ...] = (
+    # input
+    Option(name="input", group="input", repeatable=True, required=True,
+           help="JSONL file, directory or glob (local, gs://, any fsspec URL; .gz/.zst by extension). "
+                "Example: --input 'gs://bucket/corpus/*.jsonl.zst'",
+           template=Template("Input JSONL files", "gcs_read", example="gs://my-bucket/corpus/*.jsonl.zst",
+                             help="JSONL file, folder or glob on Cloud Storage; .gz and .zst are decompressed "
+                                  "by extension. One value: for more files, use a glob or a folder")),
+    Option(name="text_key", group="input", default="text", help="JSON key holding each document's text",
+           template=Template("Text key", "text")),
+    # tokenization
+    Option(name="tokenizer", group="tokenization", required=True,
+           help="tokenizer.json path or URL; 'bytes' (built in: UTF-8 byte b -> id b+1); or a "
+                "HuggingFace hub name when the network allows",
+           template=Template("Tokenizer", "tokenizer", example="gs://my-bucket/tokenizers/tokenizer.json",
+                             help="A tokenizer.json on Cloud Storage (gs://.../tokenizer.json) or at an https:// "
+                                  "URL, 'bytes' (built in: UTF-8 byte b becomes id b+1), or a HuggingFace hub "
+                                  "name such as gpt2 or org/name (the https and hub forms need internet access "
+                                  "from the launcher and the workers)")),
+    Option(name="tokenizer_backend", group="tokenization", default="auto",
+           help="auto (fastokens when installed and it agrees with HF tokenizers on the guard's checks, "
+                "else hf), hf, fastokens, or a plugin module:factory",
+           template=Template("Tokenizer backend", "choice",
+                             help="auto (fastokens when it agrees with HF tokenizers on the guard's checks, "
+                                  "else hf), hf or fastokens",
+                             choices=(("auto", "auto", "fastest backend that passes the guard"),
+                                      ("hf", "HF tokenizers", "the reference implementation"),
+                                      ("fastokens", "fastokens", "fast; fails the launch if it disagrees with HF")))),
+    Option(name="tokenizer_check_fraction", group="tokenization", type=float, default=0.001,
+           help="share of documents re-encoded with HF tokenizers during the run to check a fast backend; "
+                "any difference fails the job",
+           template=Template("Tokenizer check fraction", "fraction", example="1e-3")),
+    # split and shuffle
+    Option(name="seed", group="split and shuffle", type=int, default=0,
+           help="seed of the global shuffle and the split",
+           template=Template("Shuffle seed", "int", example="42")),
+    Option(name="validation_input", group="split and shuffle", repeatable=True,
+           help="JSONL file/glob that forms the validation split; when given, all of --input is train",
+           template=Template("Validation JSONL files", "gcs_read", example="gs://my-bucket/corpus/valid/*.jsonl.gz",
+                             help="JSONL file, folder or glob on Cloud Storage that forms the validation split. "
+                                  "When given, all of input is train (unless validation_fraction is also given)")),
+    Option(name="validation_fraction", group="split and shuffle", type=float,
+           default_text=f"{DEFAULT_VALIDATION_FRACTION}",
+           help="fraction of --input documents put in validation, chosen by a seeded hash; "
+                "0 when --validation_input is given",
+           template=Template("Validation fraction", "fraction_below_1", example="0.01")),
+    Option(name="num_shards", group="split and shuffle", type=int, default=0,
+           help=f"shuffle shards per split (0 = auto: one per ~{DEFAULT_SHARD_MB} MB of text). "
+                f"Changes parallelism and memory only, never the output",
+           template=Template("Shuffle shards per split", "count")),
+    # output
+    Option(name="output", group="output", required=True,
+           help="the zarr group to create (local path or gs:// URL)",
+           template=Template("Output zarr dataset", "gcs_write", example="gs://my-bucket/flat-tokens/2024-06-01.zarr",
+                             help="The zarr group to create on Cloud Storage. The job refuses to start when it "
+                                  "exists and is not empty (unless overwrite=true)")),
+    Option(name="overwrite", group="output", type=bool,
+           help="replace an existing --output (it is uncommitted first, then deleted)",
+           template=Template("Replace an existing output", "flag",
+                             help="true to replace an existing output (it is uncommitted first, then deleted); "
+                                  "with false the job refuses to touch an existing non-empty output")),
+    Option(name="rejected_output", group="output", default_text="OUTPUT.rejected",
+           help="directory for the rejected-lines report (file, line, reason, excerpt); "
+                "OUTPUT.rejected is next to the zarr group",
+           template=Template("Rejected-lines report folder", "gcs_write",
+                             example="gs://my-bucket/flat-tokens/rejected/2024-06-01",
+                             help="Cloud Storage folder for the report of rejected input lines (file, line, "
+                                  "reason, excerpt); OUTPUT.rejected is next to the zarr group")),
+    Option(name="zarr_format", group="output", type=int, default=2, choices=(2, 3),
+           help="2 (readable by zarr 2.x and seqax) or 3",
+           template=Template("Zarr format", "choice",
+                             choices=(("2", "zarr format 2", "readable by zarr 2.x, zarr 3.x and seqax"),
+                                      ("3", "zarr format 3", "needs zarr-python 3; allows sharding")))),
+    Option(name="tokens_chunk_size", group="output", type=int, default=DEFAULT_TOKENS_CHUNK,
+           help="encoded_tokens chunk, in tokens",
+           template=Template("encoded_tokens chunk size", "positive_int")),
+    Option(name="seq_starts_chunk_size", group="output", type=int, default=DEFAULT_SEQ_STARTS_CHUNK,
+           help="seq_starts chunk, in entries",
+           template=Template("seq_starts chunk size", "positive_int")),
+    Option(name="chunks_per_shard", group="output", type=int, default=0,
+           help="zarr 3 only: store this many chunks per shard object (0 = no sharding)",
+           template=Template("Chunks per zarr shard", "count")),
+    Option(name="codec", group="output", default="zstd", choices=("zstd", "blosc-zstd", "blosc-lz4"),
+           help="chunk compression: zstd (level 3: measured 39% smaller than Blosc zstd with bit-shuffle "
+                "on real GPT-2 tokens, and faster), blosc-zstd or blosc-lz4",
+           template=Template("Chunk compression", "choice",
+                             choices=(("zstd", "zstd level 3", "smallest output on real text"),
+                                      ("blosc-zstd", "Blosc zstd(3) + bit-shuffle", "smaller on random-looking ids"),
+                                      ("blosc-lz4", "Blosc lz4 + bit-shuffle", "fastest to encode")))),
+    # limits and tuning
+    Option(name="max_rejected_fraction", group="limits and tuning", type=float, default=0.001,
+           help="fail the job when more than this fraction of non-blank lines is rejected",
+           template=Template("Maximum rejected fraction", "fraction")),
+    Option(name="read_range_mb", group="limits and tuning", type=int, default=64,
+           help="uncompressed files are read in parallel ranges of this many MB",
+           template=Template("Read range (MB)", "positive_int")),
+    Option(name="batch_documents", group="limits and tuning", type=int, default=8192,
+           help="documents per batch between stages",
+           template=Template("Documents per batch", "positive_int")),
+    # reporting
+    Option(name="summary_json", group="reporting",
+           help="also write the end-of-run summary as JSON to this path (for schedulers)",
+           template="a file on the launcher VM, which is discarded; on Dataflow the same stats are the "
+                    "committed dataset's root attributes"),
+    Option(name="progress_interval", group="reporting", type=float, default=10.0,
+           help="seconds between progress lines on local runners", template=_LAUNCHER_ONLY),
+    Option(name="quiet", group="reporting", type=bool,
+           help="only warnings, errors and the final summary (no progress lines)", template=_LAUNCHER_ONLY),
+    Option(name="verbose", group="reporting", type=bool,
+           help="debug logging, Beam's own logs and full tracebacks included", template=_LAUNCHER_ONLY),
+)
+
+
+def default_text(o: Option) -> str:
+    """The default as --help, the README and the template state it."""
+    if o.required:
+        return "required"
+    if o.default_text is not None:
+        return o.default_text
+    if o.type is bool:
+        return "off"
+    return "none" if o.default is None else str(o.default)
+
+
+def argparse_help(o: Option) -> str:
+    extra = ["repeatable"] if o.repeatable else []
+    if o.required or o.type is not bool and (o.default is not None or o.default_text is not None):
+        extra.append(default_text(o) if o.required else f"default {default_text(o)}")
+    text = o.help + (f" ({'; '.join(extra)})" if extra else "")
+    return text.replace("%", "%%")  # argparse formats help with %
+
+
+def add_option(parser, o: Option) -> None:
+    if o.type is bool:
+        parser.add_argument(f"--{o.name}", action="store_true", default=False, help=argparse_help(o))
+        return
+    kwargs = {"type": o.type} if o.type is not str else {}
+    if o.choices:
+        kwargs["choices"] = o.choices
+    parser.add_argument(f"--{o.name}", action="append" if o.repeatable else "store", default=o.default,
+                        help=argparse_help(o), **kwargs)
+
+
 class FlatTokensOptions(PipelineOptions):
     @classmethod
     def _add_argparse_args(cls, parser):
-        g = parser.add_argument_group("input")
-        g.add_argument("--input", action="append", default=None,
-                       help="JSONL file, directory or glob (local, gs://, any fsspec URL; .gz/.zst by "
-                            "extension). Repeatable. Example: --input 'gs://bucket/corpus/*.jsonl.zst'")
-        g.add_argument("--text_key", default="text", help="JSON key holding each document's text (default: text)")
-
-        g = parser.add_argument_group("tokenization")
-        g.add_argument("--tokenizer", default=None,
-                       help="tokenizer.json path or URL; 'bytes' (built in: UTF-8 byte b -> id b+1); or a "
-                            "HuggingFace hub name when the network allows")
-        g.add_argument("--tokenizer_backend", default="auto",
-                       help="auto (default: fastokens when installed and it agrees with HF tokenizers on the "
-                            "guard's checks, else hf), hf, fastokens, or a plugin module:factory")
-        g.add_argument("--tokenizer_check_fraction", type=float, default=0.001,
-                       help="share of documents re-encoded with HF tokenizers during the run to check a fast "
-                            "backend; any difference fails the job (default 0.001)")
-
-        g = parser.add_argument_group("split and shuffle")
-        g.add_argument("--seed", type=int, default=0, help="seed of the global shuffle and the split (default 0)")
-        g.add_argument("--validation_input", action="append", default=None,
-                       help="JSONL file/glob that forms the validation split (repeatable); when given, "
-                            "all of --input is train")
-        g.add_argument("--validation_fraction", type=float, default=None,
-                       help=f"fraction of --input documents put in validation, chosen by a seeded hash "
-                            f"(default {DEFAULT_VALIDATION_FRACTION}, or 0 with --validation_input)")
-        g.add_argument("--num_shards", type=int, default=0,
-                       help=f"shuffle shards per split (0 = auto: one per ~{DEFAULT_SHARD_MB} MB of text). "
-                            f"Changes parallelism and memory only, never the output")
-
-        g = parser.add_argument_group("output")
-        g.add_argument("--output", default=None, help="the zarr group to create (local path or gs:// URL)")
-        g.add_argument("--overwrite", action="store_true", default=False,
-                       help="replace an existing --output (it is uncommitted first, then deleted)")
-        g.add_argument("--rejected_output", default=None,
-                       help="directory for the rejected-lines report (file, line, reason, excerpt); "
-                            "default: OUTPUT.rejected, next to the zarr group")
-        g.add_argument("--zarr_format", type=int, default=2, choices=(2, 3),
-                       help="2 (default: readable by zarr 2.x and seqax) or 3")
-        g.add_argument("--tokens_chunk_size", type=int, default=DEFAULT_TOKENS_CHUNK,
-                       help=f"encoded_tokens chunk, in tokens (default {DEFAULT_TOKENS_CHUNK})")
-        g.add_argument("--seq_starts_chunk_size", type=int, default=DEFAULT_SEQ_STARTS_CHUNK,
-                       help=f"seq_starts chunk, in entries (default {DEFAULT_SEQ_STARTS_CHUNK})")
-        g.add_argument("--chunks_per_shard", type=int, default=0,
-                       help="zarr 3 only: store this many chunks per shard object (0 = no sharding)")
-        g.add_argument("--codec", default="zstd", choices=("zstd", "blosc-zstd", "blosc-lz4"),
-                       help="chunk compression (default zstd: level 3, measured 39%% smaller than Blosc "
-                            "zstd with bit-shuffle on real GPT-2 tokens, and faster)")
-
-        g = parser.add_argument_group("limits and tuning")
-        g.add_argument("--max_rejected_fraction", type=float, default=0.001,
-                       help="fail the job when more than this fraction of non-blank lines is rejected (default 0.001)")
-        g.add_argument("--read_range_mb", type=int, default=64,
-                       help="uncompressed files are read in parallel ranges of this size (default 64)")
-        g.add_argument("--batch_documents", type=int, default=8192,
-                       help="documents per batch between stages (default 8192)")
-
-        g = parser.add_argument_group("reporting")
-        g.add_argument("--summary_json", default=None,
-                       help="also write the end-of-run summary as JSON to this path (for schedulers)")
-        g.add_argument("--progress_interval", type=float, default=10.0,
-                       help="seconds between progress lines on local runners (default 10)")
-        g.add_argument("--quiet", action="store_true", default=False,
-                       help="only warnings, errors and the final summary (no progress lines)")
-        g.add_argument("--verbose", action="store_true", default=False,
-                       help="debug logging, Beam's own logs and full tracebacks included")
+        for group in GROUPS:
+            g = parser.add_argument_group(group)
+            for o in OPTIONS:
+                if o.group == group:
+                    add_option(g, o)
 
 
 def check_options(o: FlatTokensOptions) -> None:

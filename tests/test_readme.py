@@ -2,7 +2,7 @@
 import argparse
 import re
 
-from pipeline.options import FlatTokensOptions
+from pipeline.options import OPTIONS, FlatTokensOptions, default_text
 from tests.helpers import REPO
 
 
@@ -10,18 +10,33 @@ def readme():
     return (REPO / "README.md").read_text()
 
 
+def option_rows() -> dict[str, str]:
+    """README's Options table: option -> its default cell (backticks removed)."""
+    return {name: cell.replace("`", "").strip()
+            for name, cell in re.findall(r"^\| `(--[a-z_]+)` \| ([^|]+) \|", readme(), flags=re.M)}
+
+
 def test_the_option_table_lists_exactly_the_options_of_run():
     parser = argparse.ArgumentParser()
     FlatTokensOptions._add_argparse_args(parser)
     options = {a.option_strings[0] for a in parser._actions if a.option_strings and a.option_strings[0] != "-h"}
-    table = set(re.findall(r"^\| `(--[a-z_]+)` \|", readme(), flags=re.M))
+    assert options == {f"--{o.name}" for o in OPTIONS}
+    table = set(option_rows())
     assert table == options, f"missing from README: {options - table}; not options: {table - options}"
+
+
+def test_the_option_table_defaults_are_the_option_tables():
+    """Each default cell starts with the default as --help states it: 'required', 'off', 'none', or the value."""
+    rows = option_rows()
+    for o in OPTIONS:
+        cell, expected = rows[f"--{o.name}"], default_text(o)
+        assert cell == expected or cell.startswith(expected + " "), f"--{o.name}: README says {cell!r}, default is {expected!r}"
 
 
 def test_the_option_table_defaults_match_the_parser():
     parser = argparse.ArgumentParser()
     FlatTokensOptions._add_argparse_args(parser)
-    rows = dict(re.findall(r"^\| `(--[a-z_]+)` \| ([^|]+) \|", readme(), flags=re.M))
+    rows = option_rows()
     for action in parser._actions:
         name = action.option_strings[0] if action.option_strings else None
         if name not in rows or action.default in (None, False, 0) and not isinstance(action.default, float):

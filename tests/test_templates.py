@@ -3,6 +3,8 @@ Flink launch script, and the scheduled-run examples. Offline; the option list is
 FlatTokensOptions at test time, so a new option fails here until the templates account for it."""
 import argparse
 import ast
+import ctypes
+import ctypes.util
 import importlib.util
 import json
 import os
@@ -15,11 +17,14 @@ import types
 from pathlib import Path
 
 import pytest
+import re2
 import yaml
 import zarr
-from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+from apache_beam.options.pipeline_options import FlinkRunnerOptions, PipelineOptions, StandardOptions
 
-from pipeline.options import FlatTokensOptions, OptionError, check_options, unknown_options
+from pipeline import template_metadata
+from pipeline.options import (DEFAULT_SHARD_MB, OPTIONS, FlatTokensOptions, OptionError, Template, check_options,
+                              unknown_options, validation_fraction)
 from tests.helpers import REPO, SAMPLE
 
 TEMPLATES = REPO / "templates"
@@ -31,14 +36,9 @@ DAG = SCHEDULED / "flat_tokens_daily_dag.py"
 FLINK = TEMPLATES / "flink"
 LAUNCH_SH = FLINK / "launch.sh"
 
-# Options of FlatTokensOptions that are deliberately not template parameters, and why.
-NOT_PARAMETERS = {
-    "summary_json": "a file on the launcher VM, which is discarded; on Dataflow the same stats are "
-                    "the committed dataset's root attributes",
-    "progress_interval": "launcher logging only; a Dataflow job's progress and logs are in the Dataflow console",
-    "quiet": "launcher logging only; a Dataflow job's progress and logs are in the Dataflow console",
-    "verbose": "launcher logging only; a Dataflow job's progress and logs are in the Dataflow console",
-}
+# Options of FlatTokensOptions that are deliberately not template parameters, and why (the option
+# table says so in place of a Template).
+NOT_PARAMETERS = {o.name: o.template for o in OPTIONS if not isinstance(o.template, Template)}
 # Options that take open-ended values but whose template parameter offers a fixed set:
 # plugin backends (module:factory) are for custom code, not for launches from the console.
 ENUM_SUBSETS = {"tokenizer_backend": {"auto", "hf", "fastokens"}}
@@ -67,6 +67,9 @@ GCS_INPUTS = (
 )
 POSITIVE_INT = (["1", "64", "1048576"], ["0", "-1", "", "1.5", "01", "x", "1e6", " 1"])
 NON_NEGATIVE_INT = (["0", "1", "64"], ["-1", "", "1.5", "x", "1234567890"])
+# Python's float() reads all of these, and so does the command line.
+SCIENTIFIC_BELOW_1 = ["1e-3", "1E-3", "5e-1", "2.5e-2", ".5e-1", "9.99e-1", "1e-05"]
+NOT_FRACTIONS = ["1e3", "5e0", "1e+3", "e-3", "1e-", "-1e-3", "1e-3 ", "0x1", "1e-3e-1", "nan", "inf"]
 # name -> (values the regexes must accept, values they must reject)
 SAMPLES = {
     "input": GCS_INPUTS,
@@ -77,12 +80,13 @@ SAMPLES = {
     "rejected_output": (["gs://my-bucket/flat-tokens/2024-06-01.rejected", "gs://my-bucket/rejected/"],
                         ["gs://my-bucket/", "/tmp/rejected", "gs://my-bucket/*.rejected", ""]),
     "tokenizer": (["bytes", "gs://my-bucket/tokenizers/tokenizer.json", "gpt2", "deepseek-ai/DeepSeek-V3",
-                   "Qwen/Qwen2.5-7B", "https://huggingface.co/gpt2/resolve/main/tokenizer.json"],
-                  ["", "tokenizer.json", "/abs/tokenizer.json", "./tok", ".hidden", "a/b/c",
-                   "s3://b/tokenizer.json", "gs://my-bucket/", "http://x.org/tokenizer.json", "byt es"]),
+                   "Qwen/Qwen2.5-7B", "https://huggingface.co/gpt2/resolve/main/tokenizer.json", "json",
+                   "org/json", "a.jso", "my-org/tok.v2.json5", "x.jsonl", "a/b.JSON"],
+                  ["", "tokenizer.json", "/abs/tokenizer.json", "./tok", ".hidden", "a/b/c", "org/tokenizer.json",
+                   "s3://b/tokenizer.json", "gs://my-bucket/", "http://x.org/tokenizer.json", "byt es", "-x", "a.json"]),
     "seed": (["0", "42", "-1", "123456789012345678"], ["", "1.5", "abc", "1e3", "0x10", " 1", "1234567890123456789"]),
-    "validation_fraction": (["0", "0.01", "0.5", ".25", "0.999", "0."],
-                            ["1", "1.0", "-0.1", "", "abc", "1e-3", "0,01", "2"]),
+    "validation_fraction": (["0", "0.01", "0.5", ".25", "0.999", "0.", *SCIENTIFIC_BELOW_1],
+                            ["1", "1.0", "-0.1", "", "abc", "0,01", "2", "1e-0", "10e-1", *NOT_FRACTIONS]),
     "num_shards": NON_NEGATIVE_INT,
     "overwrite": (["true", "false"], ["True", "yes", "1", "", "--overwrite"]),
     "zarr_format": (["2", "3"], ["1", "4", "v2", "", "2.0"]),
@@ -91,11 +95,31 @@ SAMPLES = {
     "chunks_per_shard": NON_NEGATIVE_INT,
     "codec": (["blosc-zstd", "blosc-lz4", "zstd"], ["lz4", "gzip", "", "BLOSC-ZSTD", "blosc-zstd "]),
     "tokenizer_backend": (["auto", "hf", "fastokens"], ["", "HF", "tokie", "auto ", "tests.wrong_backends:x"]),
-    "tokenizer_check_fraction": (["0", "0.001", "1", ".5", "1.0"], ["1.5", "-0.1", "", "abc", "2"]),
-    "max_rejected_fraction": (["0", "0.001", "1", "1.0", ".5"], ["1.5", "-0.1", "", "2", "1.01", "abc"]),
+    "tokenizer_check_fraction": (["0", "0.001", "1", ".5", "1.0", *SCIENTIFIC_BELOW_1],
+                                 ["1.5", "-0.1", "", "abc", "2", *NOT_FRACTIONS]),
+    "max_rejected_fraction": (["0", "0.001", "1", "1.0", ".5", *SCIENTIFIC_BELOW_1],
+                              ["1.5", "-0.1", "", "2", "1.01", "abc", *NOT_FRACTIONS]),
     "read_range_mb": POSITIVE_INT,
     "batch_documents": POSITIVE_INT,
 }
+# By template kind, for a parameter that SAMPLES does not name (a new option of a known kind).
+KIND_SAMPLES = {
+    "gcs_read": GCS_INPUTS, "gcs_write": SAMPLES["output"], "tokenizer": SAMPLES["tokenizer"],
+    "int": SAMPLES["seed"], "count": NON_NEGATIVE_INT, "positive_int": POSITIVE_INT,
+    "fraction": SAMPLES["max_rejected_fraction"], "fraction_below_1": SAMPLES["validation_fraction"],
+    "flag": SAMPLES["overwrite"],
+}
+
+
+def samples(name: str) -> tuple[list[str], list[str]]:
+    """(values the parameter's regexes must accept, values they must reject)."""
+    if name in SAMPLES:
+        return SAMPLES[name]
+    template = {o.name: o.template for o in OPTIONS}[name]
+    if template.kind == "choice":
+        values = [v for v, _, _ in template.choices]
+        return values, ["", *(v.upper() for v in values if v.upper() != v), *(f"{v} " for v in values)]
+    return KIND_SAMPLES[template.kind]
 
 
 def load_metadata() -> dict:
@@ -185,24 +209,64 @@ def test_every_parameter_is_an_option_of_the_job():
         assert name in options, f"metadata.json parameter {name!r} is not an option of FlatTokensOptions"
 
 
+def test_metadata_json_is_generated_from_the_option_table():
+    assert METADATA.read_text() == template_metadata.render(), (
+        "templates/dataflow/metadata.json is not what the option table in pipeline/options.py generates; "
+        "regenerate it: .venv/bin/python -m pipeline.template_metadata > templates/dataflow/metadata.json")
+
+
 def test_every_option_of_the_job_is_a_parameter_or_deliberately_left_out():
     params = parameters()
     missing = sorted(set(job_options()) - set(params) - set(NOT_PARAMETERS))
     assert not missing, (f"FlatTokensOptions options missing from templates/dataflow/metadata.json: {missing}; "
-                         f"add a parameter (with regexes and samples in SAMPLES here) or list it in NOT_PARAMETERS "
-                         f"with the reason")
+                         f"give the option a Template in pipeline/options.py, or the reason it has none")
     assert not set(NOT_PARAMETERS) & set(params)
-    assert set(NOT_PARAMETERS) <= set(job_options()), "NOT_PARAMETERS names an option that no longer exists"
+    assert all(isinstance(why, str) and len(why) > 20 for why in NOT_PARAMETERS.values()), NOT_PARAMETERS
 
 
 def test_required_options_are_required_parameters_and_only_those():
     required = required_options()
     assert required == {"input", "output", "tokenizer"}
+    assert required == {o.name for o in OPTIONS if o.required}, "the option table's `required` disagrees"
     for name, p in parameters().items():
         if name in required:
             assert p.get("isOptional", False) is False, f"{name} is required by check_options"
         else:
             assert p.get("isOptional") is True, f"{name} has a default: mark it isOptional"
+
+
+def effective_defaults() -> dict[str, str]:
+    """Each option's value when it is not given, as a template parameter would spell it."""
+    given = PipelineOptions([]).view_as(FlatTokensOptions)
+    defaults = {}
+    for name, action in job_options().items():
+        value = getattr(given, name)
+        if name == "validation_fraction":
+            value = validation_fraction(given)
+        if value is not None:
+            defaults[name] = str(value).lower() if isinstance(value, bool) else str(value)
+    return defaults
+
+
+def test_the_defaults_metadata_states_are_the_jobs():
+    """helpText's 'Default: X' and defaultValue are what the job does when the parameter is not given."""
+    defaults, wrong = effective_defaults(), []
+    for name, p in parameters().items():
+        stated = re.findall(r"Default: ([^ ,]+?)[.,]?(?: |$)", p["helpText"])
+        if name in defaults:
+            if stated != [defaults[name]] or p.get("defaultValue", defaults[name]) != defaults[name]:
+                wrong.append(f"{name}: metadata.json says {stated} ({p.get('defaultValue')}), the job {defaults[name]}")
+        elif "defaultValue" in p or stated and name != "rejected_output":  # rejected_output: derived from output
+            wrong.append(f"{name}: metadata.json states a default, the job has none")
+    assert not wrong, wrong
+
+
+def test_no_help_text_in_the_option_table_states_a_default():
+    """Defaults are appended from the option's `default` (--help, metadata.json): a default written
+    by hand in a help text is the one that goes stale."""
+    for o in OPTIONS:
+        texts = [o.help] + ([o.template.help or ""] if isinstance(o.template, Template) else [])
+        assert not any("default" in t.lower() for t in texts), o.name
 
 
 def test_parameter_kinds_match_the_options():
@@ -226,28 +290,136 @@ def test_parameter_kinds_match_the_options():
 def test_every_regex_has_samples_and_every_other_parameter_is_free_text():
     params = parameters()
     with_regexes = {n for n, p in params.items() if p.get("regexes")}
-    assert with_regexes == set(SAMPLES), (sorted(with_regexes ^ set(SAMPLES)),
-                                          "keep SAMPLES in step with metadata.json")
+    for name in with_regexes:
+        assert samples(name), f"{name}: add sample values to SAMPLES or KIND_SAMPLES"
+    assert set(SAMPLES) <= with_regexes, sorted(set(SAMPLES) - with_regexes)
     assert set(params) - with_regexes == FREE_TEXT
 
 
-@pytest.mark.parametrize("name", sorted(SAMPLES))
-def test_regexes_accept_valid_and_reject_invalid_values(name):
-    patterns = [re.compile(r) for r in parameters()[name]["regexes"]]
-    for r in patterns:  # anchored: full-match (Java matches()) and search agree
-        assert r.pattern.startswith("^") and r.pattern.endswith("$"), (name, r.pattern)
-    valid, invalid = SAMPLES[name]
-    for value in valid:
-        assert all(r.fullmatch(value) and r.search(value) for r in patterns), f"{name}: rejects valid {value!r}"
-    for value in invalid:  # Dataflow checks the whole value (Java Pattern.matches)
-        assert not all(r.fullmatch(value) for r in patterns), f"{name}: accepts invalid {value!r}"
+def readme_parameter_values() -> list[tuple[str, str]]:
+    """(name, value) of every `--parameters` example in templates/dataflow/README.md's bash
+    blocks, as gcloud splits them (`,` or the `^X^` delimiter), with BUCKET=my-bucket."""
+    pairs = []
+    for block in re.findall(r"```bash\n(.*?)```", (DATAFLOW / "README.md").read_text(), flags=re.S):
+        words = shlex.split(block.replace("\\\n", " ").replace("$BUCKET", "my-bucket"), comments=True)
+        for flag, arg in zip(words, words[1:]):
+            if flag == "--parameters":
+                delimiter = ","
+                if m := re.match(r"\^(.)\^", arg):
+                    delimiter, arg = m[1], arg[m.end():]
+                pairs += [tuple(item.split("=", 1)) for item in arg.split(delimiter)]
+    return pairs
 
 
-@pytest.mark.parametrize("name", sorted(SAMPLES))
+def accepted_values(name: str) -> list[str]:
+    """Values the parameter must accept: its samples, its example and default in metadata.json,
+    and the README's examples."""
+    p = parameters()[name]
+    return [*samples(name)[0], *re.findall(r"Example: ([^ ]+)$", p["helpText"]),
+            *([p["defaultValue"]] if "defaultValue" in p else []),
+            *(value for n, value in readme_parameter_values() if n == name)]
+
+
+def test_the_readme_examples_use_template_parameters():
+    pairs = readme_parameter_values()
+    assert len(pairs) >= 15, pairs
+    names = {n for n, _ in pairs}
+    assert names <= set(parameters()) | BEAM_PARAMETERS, names - set(parameters()) - BEAM_PARAMETERS
+    assert {"validation_fraction", "tokenizer_check_fraction"} <= names
+
+
+class PosixERE:
+    """The C library's POSIX extended regular expressions (regcomp/regexec, as egrep), by ctypes."""
+    _libc = ctypes.CDLL(ctypes.util.find_library("c"))
+    REG_EXTENDED = 1
+
+    def __init__(self, pattern: str):
+        self._compiled = ctypes.create_string_buffer(4096)  # room for any libc's regex_t
+        # the whole value: ^(...)$ around the pattern (anchors are valid anywhere in an ERE)
+        code = self._libc.regcomp(self._compiled, f"^({pattern})$".encode(), self.REG_EXTENDED)
+        if code:
+            raise ValueError(f"regcomp rejects {pattern!r} (error {code})")
+
+    def fullmatch(self, value: str) -> bool:
+        return self._libc.regexec(self._compiled, value.encode(), 0, None, 0) == 0
+
+    def __del__(self):
+        self._libc.regfree(self._compiled)
+
+
+# How each engine decides whether a whole value matches. Dataflow documents template regexes as
+# POSIX egrep expressions and matches the whole value; RE2 is Google's engine.
+ENGINES = {
+    "python-re": lambda pattern: re.compile(pattern).fullmatch,
+    "re2": lambda pattern: re2.compile(pattern).fullmatch,
+    "posix-ere": lambda pattern: PosixERE(pattern).fullmatch,
+}
+WITH_REGEXES = sorted(n for n, p in parameters().items() if p.get("regexes"))
+
+
+@pytest.mark.parametrize("engine", sorted(ENGINES))
+@pytest.mark.parametrize("name", WITH_REGEXES)
+def test_regexes_accept_valid_and_reject_invalid_values(name, engine):
+    matchers = [ENGINES[engine](r) for r in parameters()[name]["regexes"]]
+    for value in accepted_values(name):
+        assert all(m(value) for m in matchers), f"{name}: {engine} rejects valid {value!r}"
+    for value in samples(name)[1]:  # Dataflow checks the whole value
+        assert not all(m(value) for m in matchers), f"{name}: {engine} accepts invalid {value!r}"
+
+
+ESCAPABLE = set(".[]\\()*+?{}|^$")  # escaping anything else is undefined in POSIX EREs
+
+
+def portability_problems(pattern: str) -> list[str]:
+    """What in a regex RE2, POSIX EREs (and Java, JavaScript) do not all read alike."""
+    problems = [] if pattern.startswith("^") and pattern.endswith("$") else ["not anchored ^...$"]
+    outside, i = "", 0
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\":
+            if pattern[i + 1:i + 2] not in ESCAPABLE:
+                problems.append(f"\\{pattern[i + 1:i + 2]}: a shorthand, or an escape of an ordinary character")
+            outside += pattern[i:i + 2]
+            i += 2
+        elif c == "[":
+            end = pattern.find("]", i + 1)
+            if end < 0:
+                return problems + ["[ without ]"]
+            inside = pattern[i + 1:end]
+            if "\\" in inside or "[" in inside or inside in ("", "^"):
+                problems.append(f"[{inside}]: backslash, [ or [:class:] in a bracket expression, or ] as a member")
+            outside += "[]"
+            i = end + 1
+        else:
+            outside += c
+            i += 1
+    for construct in ("(?", "*?", "+?", "??", "}?", "*+", "++", "?+"):
+        if construct in outside:
+            problems.append(f"{construct}: lookaround, non-capturing group, flags, lazy or possessive quantifier")
+    for low, high in re.findall(r"\{([0-9]+)(?:,([0-9]*))?\}", outside):
+        if int(high or low) > 255:
+            problems.append(f"{{{low},{high}}}: POSIX guarantees repeat counts up to 255 only")
+    return problems
+
+
+@pytest.mark.parametrize("name", WITH_REGEXES)
+def test_regexes_keep_to_what_re2_and_posix_eres_read_alike(name):
+    for pattern in parameters()[name]["regexes"]:
+        assert portability_problems(pattern) == [], (name, pattern)
+
+
+def test_the_portability_check_finds_the_constructs_it_forbids():
+    for bad in (r"^(?!x)a$", r"^(?:a)$", r"^\d$", r"^\S+$", r"^[^\s]$", r"^[[:digit:]]$", r"^a*?$", r"^a{1,300}$",
+                r"^\-$", r"^a", r"^[]a]$"):
+        assert portability_problems(bad), bad
+    assert portability_problems(r"^(gs://[a-z0-9._-]{1,220}|\.[0-9]+)$") == []
+
+
+@pytest.mark.parametrize("name", WITH_REGEXES)
 def test_values_the_regexes_accept_are_values_the_job_accepts(name):
     """A value that passes Dataflow's validation must not fail in the launcher afterwards."""
     launcher = load_launcher()
-    for value in SAMPLES[name][0]:
+    for value in accepted_values(name):
         base = {"input": "gs://my-bucket/x.jsonl", "output": "gs://my-bucket/o.zarr", "tokenizer": "bytes"}
         extra = ["--zarr_format=3"] if name == "chunks_per_shard" else []
         argv = launcher.template_argv([*(f"--{k}={v}" for k, v in base.items() if k != name),
@@ -584,11 +756,73 @@ def test_flink_launch_script_submits_options_beam_accepts():
         assert everything["environment_type"] == env_type and everything["environment_config"] == config
         assert everything["parallelism"] == 32
         check_options(options.view_as(FlatTokensOptions))
-    env = {**os.environ, "DRY_RUN": "1"}
-    proc = subprocess.run(["bash", str(LAUNCH_SH), "job-server"], env=env, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0 and "apache/beam_flink1.18_job_server:2.77.0" in proc.stdout
-    proc = subprocess.run(["bash", str(LAUNCH_SH), "bogus"], env=env, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2
+    assert launch_sh("bogus").returncode == 2
+
+
+def newest(versions):
+    return max(versions, key=lambda v: tuple(int(n) for n in v.split(".")))
+
+
+# Beam publishes a Flink job server for each of these; the launch script defaults to the newest 1.x.
+PUBLISHED_FLINK = list(FlinkRunnerOptions.PUBLISHED_FLINK_VERSIONS)
+DEFAULT_FLINK = newest([v for v in PUBLISHED_FLINK if v.startswith("1.")] or PUBLISHED_FLINK)
+
+
+def launch_sh(*args, **env):
+    return subprocess.run(["bash", str(LAUNCH_SH), *args], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "DRY_RUN": "1", "PYTHON": sys.executable, **env})
+
+
+def test_flink_job_server_defaults_to_a_version_beam_publishes():
+    import apache_beam
+    beam = apache_beam.__version__
+    proc = launch_sh("job-server")
+    assert proc.returncode == 0, proc.stderr
+    assert f" apache/beam_flink{DEFAULT_FLINK}_job_server:{beam} " in proc.stdout
+    for version in PUBLISHED_FLINK:
+        proc = launch_sh("job-server", FLINK_VERSION=version)
+        assert proc.returncode == 0 and f" apache/beam_flink{version}_job_server:{beam} " in proc.stdout, proc.stderr
+    for version in ("1.18", "9.9", "1.2"):  # no job server: refused before anything starts
+        proc = launch_sh("job-server", FLINK_VERSION=version)
+        assert proc.returncode == 2 and proc.stdout == "", proc.stdout
+        assert f"FLINK_VERSION={version}" in proc.stderr and " ".join(PUBLISHED_FLINK) in proc.stderr
+    proc = launch_sh("flink-versions")
+    assert proc.stdout.splitlines() == [f"supported: {' '.join(PUBLISHED_FLINK)}", f"default: {DEFAULT_FLINK}"]
+
+
+def test_flink_readme_lists_the_job_servers_beam_publishes():
+    import apache_beam
+    beam = apache_beam.__version__
+    readme = (FLINK / "README.md").read_text()
+    rows = re.findall(r"^\| `([0-9.]+)`( \(default\))? \| `apache/beam_flink([0-9.]+)_job_server:([0-9.]+)` "
+                      r"\(`beam-runners-flink-([0-9.]+)-job-server-([0-9.]+)\.jar`\) \| ([0-9.]+)\.x \|$", readme, flags=re.M)
+    assert [r[0] for r in rows] == PUBLISHED_FLINK, rows
+    assert [r[0] for r in rows if r[1]] == [DEFAULT_FLINK]
+    for version, _, image_flink, image_beam, jar_flink, jar_beam, cluster in rows:
+        assert version == image_flink == jar_flink == cluster and image_beam == jar_beam == beam
+
+
+def test_every_flink_version_the_flink_files_name_has_a_job_server():
+    """Images, jars, docker tags and prose in templates/flink/ name only versions Beam publishes."""
+    named = []
+    for path in FLINK.iterdir():
+        text = path.read_text()
+        named += re.findall(r"beam_flink([0-9]+\.[0-9]+)_job_server|beam-runners-flink-([0-9]+\.[0-9]+)-job-server"
+                            r"|flink:([0-9]+\.[0-9]+)|Flink ([0-9]+\.[0-9]+)", text)
+    versions = {v for groups in named for v in groups if v}
+    assert DEFAULT_FLINK in versions
+    assert versions <= set(PUBLISHED_FLINK), versions - set(PUBLISHED_FLINK)
+
+
+def test_shard_size_claims_are_the_codes():
+    """'~N MB of text' on a line about shards, wherever the docs say it, is DEFAULT_SHARD_MB."""
+    files = [FLINK / "README.md", FLINK / "flink-conf.yaml", DATAFLOW / "README.md", METADATA,
+             REPO / "README.md", REPO / "docs" / "design.md"]
+    claims = {f.relative_to(REPO): [int(n) for line in f.read_text().splitlines() if "shard" in line.lower()
+                                    for n in re.findall(r"([0-9]+) MB[ -]of[ -]text", line)]
+              for f in files}
+    assert claims[Path("templates/flink/README.md")] and claims[Path("templates/dataflow/metadata.json")], claims
+    assert all(n == DEFAULT_SHARD_MB for numbers in claims.values() for n in numbers), claims
 
 
 def test_flink_equivalent_runs_on_the_local_job_service_with_an_external_worker_pool(tmp_path):

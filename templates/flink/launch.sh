@@ -9,13 +9,16 @@
 #                                                  Flink and no Docker: Beam's Python job service + an
 #                                                  EXTERNAL worker pool (what the project tests)
 #   templates/flink/launch.sh stop                 stop the containers started by job-server / worker-pool
+#   templates/flink/launch.sh flink-versions       the Flink versions the installed apache-beam has job servers for
 #
 # [options...] are pipeline.run's: --input ... --output ... --tokenizer ... [--num_shards N ...].
 # Exit status is pipeline.run's: 0 committed, 1 the pipeline failed, 2 usage/configuration error.
 # DRY_RUN=1 prints the commands instead of running them.
 #
 # Settings (environment variables, defaults in brackets):
-#   BEAM_VERSION [2.77.0]   FLINK_VERSION [1.18]   must match the cluster and the submitting Python's apache-beam
+#   BEAM_VERSION [2.77.0]   must equal the submitting Python's apache-beam
+#   FLINK_VERSION [the newest 1.x that apache-beam publishes a job server for]  the cluster's Flink major.minor;
+#                           one of FlinkRunnerOptions.PUBLISHED_FLINK_VERSIONS (see `flink-versions`)
 #   SDK_IMAGE [flat-tokens-beam-sdk:$BEAM_VERSION]  the image built from templates/flink/Dockerfile;
 #                           a registry path (e.g. us-docker.pkg.dev/P/R/flat-tokens-beam-sdk:2.77.0) for a real cluster
 #   FLINK_MASTER [localhost:8081]   the JobManager's REST address
@@ -35,9 +38,9 @@ set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO_ROOT=$(cd "$HERE/../.." && pwd)
 BEAM_VERSION=${BEAM_VERSION:-2.77.0}
-FLINK_VERSION=${FLINK_VERSION:-1.18}
+FLINK_VERSION=${FLINK_VERSION:-}
 SDK_IMAGE=${SDK_IMAGE:-flat-tokens-beam-sdk:$BEAM_VERSION}
-JOB_SERVER_IMAGE=${JOB_SERVER_IMAGE:-apache/beam_flink${FLINK_VERSION}_job_server:$BEAM_VERSION}
+JOB_SERVER_IMAGE=${JOB_SERVER_IMAGE:-}
 JOB_SERVER_JAR=${JOB_SERVER_JAR:-}
 FLINK_MASTER=${FLINK_MASTER:-localhost:8081}
 JOB_HOST=${JOB_HOST:-localhost}
@@ -62,8 +65,57 @@ run() {
 }
 
 usage() {
-    sed -n '2,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
     exit 2
+}
+
+# The Python that has apache-beam: $PYTHON, else the repository's .venv, else python on PATH.
+beam_python() {
+    if [[ -n ${PYTHON:-} ]]; then echo "$PYTHON"
+    elif [[ -x $REPO_ROOT/.venv/bin/python ]]; then echo "$REPO_ROOT/.venv/bin/python"
+    else echo python
+    fi
+}
+
+# Beam publishes a Flink job server (image and jar) for each Flink major.minor in the installed
+# apache-beam's FlinkRunnerOptions.PUBLISHED_FLINK_VERSIONS. Prints that list on line 1 and the
+# default on line 2: the newest 1.x (Beam's 2.x runners are recent and Flink 2 changes the
+# cluster's configuration file; see README.md), or the newest of all when there is no 1.x.
+published_flink_versions() {
+    "$(beam_python)" - <<'EOF'
+import logging
+logging.disable(logging.WARNING)  # Beam's import-time noise
+from apache_beam.options.pipeline_options import FlinkRunnerOptions
+versions = list(FlinkRunnerOptions.PUBLISHED_FLINK_VERSIONS)
+newest = lambda vs: max(vs, key=lambda v: tuple(int(n) for n in v.split(".")))
+print(" ".join(versions))
+print(newest([v for v in versions if v.startswith("1.")] or versions))
+EOF
+}
+
+# Sets FLINK_VERSION (default: see above) and JOB_SERVER_IMAGE; exit 2 for a version without a job server.
+choose_flink_version() {
+    local out supported default
+    if ! out=$(published_flink_versions); then
+        echo "launch.sh: cannot read the Flink versions from apache-beam in $(beam_python); set PYTHON" >&2
+        exit 2
+    fi
+    supported=$(sed -n 1p <<<"$out")
+    default=$(sed -n 2p <<<"$out")
+    FLINK_VERSION=${FLINK_VERSION:-$default}
+    if [[ " $supported " != *" $FLINK_VERSION "* ]]; then
+        echo "launch.sh: FLINK_VERSION=$FLINK_VERSION: apache-beam publishes Flink job servers only for" \
+             "Flink $supported; use the one that equals the cluster's major.minor" >&2
+        exit 2
+    fi
+    JOB_SERVER_IMAGE=${JOB_SERVER_IMAGE:-apache/beam_flink${FLINK_VERSION}_job_server:$BEAM_VERSION}
+}
+
+cmd_flink_versions() {
+    local out
+    out=$(published_flink_versions)
+    echo "supported: $(sed -n 1p <<<"$out")"
+    echo "default: $(sed -n 2p <<<"$out")"
 }
 
 cmd_build_image() {
@@ -75,6 +127,7 @@ cmd_build_image() {
 }
 
 cmd_job_server() {
+    choose_flink_version
     # Staged artifacts are read back on the TaskManagers: with more than one host, ARTIFACTS_DIR
     # must be a location they can all read (a shared mount, or gs://... on GCP).
     local args=(--flink-master="$FLINK_MASTER" --job-host=0.0.0.0 --job-port="$JOB_PORT"
@@ -188,6 +241,7 @@ case $command in
     job-server) cmd_job_server "$@" ;;
     worker-pool) cmd_worker_pool "$@" ;;
     stop) cmd_stop "$@" ;;
+    flink-versions) cmd_flink_versions "$@" ;;
     run) cmd_run "$@" ;;
     local) cmd_local "$@" ;;
     -h|--help|help) usage ;;
