@@ -19,9 +19,11 @@ class FlatTokensOptions(PipelineOptions):
     def _add_argparse_args(cls, parser):
         g = parser.add_argument_group("input")
         g.add_argument("--input", action="append", default=None,
-                       help="JSONL file, directory or glob (local, gs://, any fsspec URL; .gz/.zst by "
-                            "extension). Repeatable. Example: --input 'gs://bucket/corpus/*.jsonl.zst'")
-        g.add_argument("--text_key", default="text", help="JSON key holding each document's text (default: text)")
+                       help="JSONL or Parquet file, directory or glob (local, gs://, any fsspec URL; .gz/.zst "
+                            "by extension; *.parquet/*.pq read by row group). Repeatable. Example: --input "
+                            "'gs://bucket/corpus/*.jsonl.zst'")
+        g.add_argument("--text_key", default="text",
+                       help="JSON key (or Parquet column) holding each document's text (default: text)")
 
         g = parser.add_argument_group("tokenization")
         g.add_argument("--tokenizer", default=None,
@@ -37,7 +39,7 @@ class FlatTokensOptions(PipelineOptions):
         g = parser.add_argument_group("split and shuffle")
         g.add_argument("--seed", type=int, default=0, help="seed of the global shuffle and the split (default 0)")
         g.add_argument("--validation_input", action="append", default=None,
-                       help="JSONL file/glob that forms the validation split (repeatable); when given, "
+                       help="JSONL or Parquet file/glob that forms the validation split (repeatable); when given, "
                             "all of --input is train")
         g.add_argument("--validation_fraction", type=float, default=None,
                        help=f"fraction of --input documents put in validation, chosen by a seeded hash "
