@@ -102,12 +102,17 @@ def list_row_groups(files: list[InputFile], text_key: str, storage_options: dict
 # Rows -> documents
 
 
+# The view types came with pyarrow 16; Beam allows pyarrow 14.
+_is_string_view = getattr(pa.types, "is_string_view", lambda t: False)
+_is_binary_view = getattr(pa.types, "is_binary_view", lambda t: False)
+
+
 def _is_string(t: pa.DataType) -> bool:
-    return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)
+    return pa.types.is_string(t) or pa.types.is_large_string(t) or _is_string_view(t)
 
 
 def _is_binary(t: pa.DataType) -> bool:
-    return (pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_binary_view(t)
+    return (pa.types.is_binary(t) or pa.types.is_large_binary(t) or _is_binary_view(t)
             or pa.types.is_fixed_size_binary(t))
 
 
