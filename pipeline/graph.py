@@ -17,8 +17,9 @@ import apache_beam as beam
 from pipeline import __version__
 from pipeline.options import DEFAULT_SHARD_MB, FlatTokensOptions, validation_fraction
 from transforms.commit import CommitDataset, SumCounts
-from transforms.inputs import InputFile, check_readable, list_input_files, read_ranges
-from transforms.read_jsonl import ReadJsonlDocuments, peek_documents
+from transforms.inputs import JSONL, InputFile, check_readable, list_input_files, read_ranges
+from transforms.parquet import RowGroup, list_row_groups
+from transforms.read_corpus import ReadCorpus, peek_documents
 from transforms.records import TokenizedBatch
 from transforms.rejected import CheckRejectedFraction, WriteRejectedLines
 from transforms.shuffle import ShuffleGlobally
@@ -50,10 +51,14 @@ class JobPlan:
     input_bytes: int = 0
     progress_dir: str | None = None  # local runs only: where workers leave progress totals
     provenance: dict = field(default_factory=dict)
+    row_groups: list[RowGroup] = field(default_factory=list)  # of the Parquet files, from their footers
 
 
-def _text_bytes(files: list[InputFile]) -> int:
-    return sum(f.size * (COMPRESSION_RATIO_GUESS if f.compression else 1) for f in files)
+def _text_bytes(files: list[InputFile], row_groups: list[RowGroup] = ()) -> int:
+    """JSONL files by their size; Parquet files by the uncompressed size of their text column."""
+    keys = {f.key for f in files}
+    return (sum(f.size * (COMPRESSION_RATIO_GUESS if f.compression else 1) for f in files if f.format == JSONL)
+            + sum(g.text_bytes for g in row_groups if g.file.key in keys))
 
 
 def auto_shards(text_bytes: float, shard_mb: int = DEFAULT_SHARD_MB) -> int:
@@ -67,13 +72,14 @@ def plan_job(o: FlatTokensOptions, storage_options: dict | None = None, run_id: 
     valid_files = list_input_files(o.validation_input or [], "validation", first_index=len(o.input),
                                    option="--validation_input", storage_options=storage_options)
     check_readable(train_files + valid_files, storage_options)
+    row_groups = list_row_groups(train_files + valid_files, o.text_key, storage_options)
     fraction = validation_fraction(o)
-    train_bytes = _text_bytes(train_files)
+    train_bytes = _text_bytes(train_files, row_groups)
     if o.num_shards:
         num_shards = {"train": o.num_shards, "validation": o.num_shards}
     else:
         num_shards = {"train": auto_shards(train_bytes * (1 - fraction)),
-                      "validation": auto_shards(train_bytes * fraction + _text_bytes(valid_files))}
+                      "validation": auto_shards(train_bytes * fraction + _text_bytes(valid_files, row_groups))}
     first_documents = [] if o.tokenizer == "bytes" else peek_documents(
         train_files + valid_files, GUARD_DOCUMENTS, o.text_key, storage_options)
     tokenizer = resolve_tokenizer(o.tokenizer, storage_options, o.tokenizer_backend, first_documents,
@@ -99,7 +105,8 @@ def plan_job(o: FlatTokensOptions, storage_options: dict | None = None, run_id: 
         validation_fraction=fraction, num_shards=num_shards, text_key=o.text_key,
         overwrite=o.overwrite, read_range_bytes=o.read_range_mb << 20, batch_documents=o.batch_documents,
         max_rejected_fraction=o.max_rejected_fraction, rejected_url=rejected_output(o),
-        input_bytes=_text_bytes(train_files + valid_files), provenance=provenance)
+        input_bytes=_text_bytes(train_files + valid_files, row_groups), provenance=provenance,
+        row_groups=row_groups)
 
 
 def rejected_output(o: FlatTokensOptions) -> str:
@@ -110,8 +117,8 @@ def build_pipeline(p: beam.Pipeline, plan: JobPlan):
     """Wires the job; returns the PCollection of the committed dataset's stats."""
     so = plan.target.storage_options
     singleton = beam.pvalue.AsSingleton
-    corpus = p | "ReadCorpus" >> ReadJsonlDocuments(
-        read_ranges(plan.files, plan.read_range_bytes), plan.text_key,
+    corpus = p | "ReadCorpus" >> ReadCorpus(
+        read_ranges(plan.files, plan.read_range_bytes), plan.row_groups, plan.text_key,
         batch_documents=plan.batch_documents, storage_options=so, progress_dir=plan.progress_dir)
     tokenized = corpus.documents | "Tokenize" >> beam.ParDo(
         TokenizeBatches(plan.tokenizer, so, plan.progress_dir)).with_output_types(TokenizedBatch)

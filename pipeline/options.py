@@ -80,12 +80,14 @@ _LAUNCHER_ONLY = "launcher logging only; a Dataflow job's progress and logs are 
 OPTIONS: tuple[Option, ...] = (
     # input
     Option(name="input", group="input", repeatable=True, required=True,
-           help="JSONL file, directory or glob (local, gs://, any fsspec URL; .gz/.zst by extension). "
-                "Example: --input 'gs://bucket/corpus/*.jsonl.zst'",
-           template=Template("Input JSONL files", "gcs_read", example="gs://my-bucket/corpus/*.jsonl.zst",
-                             help="JSONL file, folder or glob on Cloud Storage; .gz and .zst are decompressed "
-                                  "by extension. One value: for more files, use a glob or a folder")),
-    Option(name="text_key", group="input", default="text", help="JSON key holding each document's text",
+           help="JSONL or Parquet file, directory or glob (local, gs://, any fsspec URL; .gz/.zst by "
+                "extension; *.parquet/*.pq read by row group). Example: --input 'gs://bucket/corpus/*.jsonl.zst'",
+           template=Template("Input JSONL or Parquet files", "gcs_read", example="gs://my-bucket/corpus/*.jsonl.zst",
+                             help="JSONL or Parquet file, folder or glob on Cloud Storage; .gz and .zst are "
+                                  "decompressed by extension, *.parquet read by row group. One value: for more "
+                                  "files, use a glob or a folder")),
+    Option(name="text_key", group="input", default="text",
+           help="JSON key (or Parquet column) holding each document's text",
            template=Template("Text key", "text")),
     # tokenization
     Option(name="tokenizer", group="tokenization", required=True,
@@ -114,9 +116,10 @@ OPTIONS: tuple[Option, ...] = (
            help="seed of the global shuffle and the split",
            template=Template("Shuffle seed", "int", example="42")),
     Option(name="validation_input", group="split and shuffle", repeatable=True,
-           help="JSONL file/glob that forms the validation split; when given, all of --input is train",
-           template=Template("Validation JSONL files", "gcs_read", example="gs://my-bucket/corpus/valid/*.jsonl.gz",
-                             help="JSONL file, folder or glob on Cloud Storage that forms the validation split. "
+           help="JSONL or Parquet file/glob that forms the validation split; when given, all of --input is train",
+           template=Template("Validation input files", "gcs_read", example="gs://my-bucket/corpus/valid/*.jsonl.gz",
+                             help="JSONL or Parquet file, folder or glob on Cloud Storage that forms the "
+                                  "validation split. "
                                   "When given, all of input is train (unless validation_fraction is also given)")),
     Option(name="validation_fraction", group="split and shuffle", type=float,
            default_text=f"{DEFAULT_VALIDATION_FRACTION}",

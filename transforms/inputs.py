@@ -15,6 +15,9 @@ from fsspec.core import url_to_fs
 
 GLOB_CHARS = "*?["
 COMPRESSED_SUFFIXES = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
+PARQUET_SUFFIXES = (".parquet", ".pq")
+JSONL = "jsonl"
+PARQUET = "parquet"
 
 
 class InputError(ValueError):
@@ -28,6 +31,7 @@ class InputFile:
     size: int  # bytes on storage (compressed size for compressed files)
     compression: str | None
     split: str  # "train", "validation", or "auto" (decided per document by --validation_fraction)
+    format: str = JSONL  # JSONL, or PARQUET (read by row group, never by byte range)
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,17 @@ def compression_of(path: str) -> str | None:
         if path.endswith(suffix):
             return name
     return None
+
+
+def format_of(path: str, option: str = "--input") -> str:
+    """PARQUET for *.parquet and *.pq (any case), else JSONL."""
+    name = path.lower()
+    if name.endswith(PARQUET_SUFFIXES):
+        return PARQUET
+    if compression_of(name) and name[:name.rfind(".")].endswith(PARQUET_SUFFIXES):
+        raise InputError(f"{option} {path}: a compressed Parquet file; Parquet compresses its pages "
+                         f"itself, so decompress the file (or rewrite it with a Parquet codec)")
+    return JSONL
 
 
 def list_input_files(patterns: list[str], split: str, first_index: int = 0,
@@ -88,6 +103,7 @@ def list_input_files(patterns: list[str], split: str, first_index: int = 0,
                 size=int(info.get("size") or 0),
                 compression=compression_of(path),
                 split=split,
+                format=format_of(path, option),
             ))
     return files
 
@@ -104,9 +120,12 @@ def check_readable(files: list[InputFile], storage_options: dict | None = None, 
 
 
 def read_ranges(files: list[InputFile], range_bytes: int) -> list[ReadRange]:
-    """Cuts uncompressed files into ranges of about `range_bytes`; compressed files stay whole."""
+    """Cuts uncompressed JSONL files into ranges of about `range_bytes`; compressed files stay
+    whole. Parquet files have no ranges: they are read by row group (transforms.parquet)."""
     ranges = []
     for f in files:
+        if f.format != JSONL:
+            continue
         if f.compression or f.size <= range_bytes:
             ranges.append(ReadRange(f, 0, None))
             continue

@@ -1,10 +1,12 @@
-"""Rejected input lines: reported where a user can read them, and a limit that fails the job.
+"""Rejected input lines (and Parquet rows): reported where a user can read them, and a limit
+that fails the job.
 
 Each input range that had rejected lines gets one JSONL report file in the rejected-lines
 directory (outside the zarr group), named by a hash of (file, range start) so a retried
 bundle rewrites the same file with the same bytes. A line's 1-based number is its index in
 its range plus the line counts of the ranges before it in the same file (a side input),
-because ranges of one file are read by different workers.
+because ranges of one file are read by different workers. A Parquet row group is a range
+whose start is its index; its rows' indices are known without the side input.
 """
 import hashlib
 import json
@@ -43,6 +45,16 @@ def lines_before(line_counts: list[tuple[str, int, int]]) -> dict[tuple[str, int
     return before
 
 
+def report_row(record: dict, lines_before: int) -> dict:
+    """One row of a report: a JSONL line by its 1-based line number and byte offset, a
+    Parquet row by its row group and its 0-based row index (in the file, and in the group)."""
+    if "row_group" in record:
+        return {"file": record["file"], "row_group": record["row_group"], "row": record["row"],
+                "row_in_group": record["row_in_group"], "reason": record["reason"], "excerpt": record["excerpt"]}
+    return {"file": record["file"], "line": lines_before + record["line_in_range"], "byte_offset": record["offset"],
+            "reason": record["reason"], "excerpt": record["excerpt"]}
+
+
 def clear_reports(url: str, storage_options: dict | None = None) -> None:
     """Deletes the report files of an earlier run (and only those) from the directory."""
     fs, path = url_to_fs(url, **(storage_options or {}))
@@ -63,10 +75,8 @@ class WriteReportFile(beam.DoFn):
         if self._before is None:  # the side input is the same for every element: index it once
             self._before = lines_before(line_counts)
         offset = self._before.get((file_key, range_start), 0)
-        rows = []
-        for r in sorted(records, key=lambda r: r["offset"]):
-            rows.append(json.dumps({"file": r["file"], "line": offset + r["line_in_range"], "byte_offset": r["offset"],
-                                    "reason": r["reason"], "excerpt": r["excerpt"]}, ensure_ascii=False))
+        rows = [json.dumps(report_row(r, offset), ensure_ascii=False)
+                for r in sorted(records, key=lambda r: r["offset"])]
         fs, path = url_to_fs(self._url, **(self._storage_options or {}))
         fs.makedirs(path, exist_ok=True)
         with fs.open(posixpath.join(path, report_name(file_key, range_start)), "wb") as f:

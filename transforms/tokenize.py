@@ -15,6 +15,7 @@ import fsspec
 import numpy as np
 
 from transforms import tokenizer_backends as backends
+from transforms.inputs import PARQUET, format_of
 from transforms.progress import ProgressFile
 from transforms.records import DocumentBatch, TokenizedBatch, narrowest_ids
 
@@ -140,7 +141,9 @@ def check_sample(batch: DocumentBatch, ids: np.ndarray, lengths: np.ndarray, enc
     found = backends.first_mismatch(reference, candidate, texts)
     if found:
         k, want, got = found
-        where = f"the document at byte {int(batch.offsets[picked[k]])} of input {batch.file_key.split(':', 1)[1]}"
+        path = batch.file_key.split(":", 1)[1]
+        unit = "row" if format_of(path) == PARQUET else "byte"  # a Parquet document's place is its row
+        where = f"the document at {unit} {int(batch.offsets[picked[k]])} of input {path}"
         raise backends.BackendMismatch(backends.describe_mismatch(info.backend, texts[k], want, got, where))
 
 

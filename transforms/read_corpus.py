@@ -1,0 +1,69 @@
+"""ReadCorpus: every input, whatever its format, -> one stream of document batches and one
+account of the lines (JSONL) and rows (Parquet) that are not documents.
+
+JSONL files are read by byte range (transforms.read_jsonl), Parquet files by row group
+(transforms.read_parquet); each output of the two readers is flattened with its twin.
+"""
+import contextlib
+from typing import NamedTuple
+
+import apache_beam as beam
+
+from transforms import parquet, read_jsonl
+from transforms.inputs import PARQUET, ReadRange
+from transforms.parquet import RowGroup
+from transforms.read_jsonl import COUNTS, LINE_COUNTS, REJECTED, ReadJsonlDocuments
+from transforms.read_parquet import ReadParquetDocuments
+
+
+class Corpus(NamedTuple):
+    documents: beam.PCollection  # DocumentBatch
+    rejected: beam.PCollection  # one dict per rejected line or row
+    line_counts: beam.PCollection  # (file key, range start, lines) per JSONL range
+    counts: beam.PCollection  # a Counter per range or row group
+
+
+def peek_documents(files, count: int, text_key: str, storage_options: dict | None = None) -> list[str]:
+    """The first `count` documents of the input, in file order (for checks before the run)."""
+    texts = []
+    for f in files:
+        if len(texts) >= count:
+            break
+        if f.format == PARQUET:
+            with contextlib.closing(parquet.iter_texts(f, text_key, storage_options)) as documents:
+                for text in documents:
+                    texts.append(text)
+                    if len(texts) >= count:
+                        break
+        else:
+            texts += read_jsonl.peek_documents([f], count - len(texts), text_key, storage_options)
+    return texts
+
+
+class ReadCorpus(beam.PTransform):
+    """Reads JSONL byte ranges and Parquet row groups in parallel into DocumentBatches."""
+
+    def __init__(self, ranges: list[ReadRange], row_groups: list[RowGroup], text_key: str,
+                 batch_documents: int = 8192, storage_options: dict | None = None, progress_dir: str | None = None):
+        super().__init__()
+        self._ranges = ranges
+        self._row_groups = row_groups
+        self._text_key = text_key
+        self._batch_documents = batch_documents
+        self._storage_options = storage_options
+        self._progress_dir = progress_dir
+
+    def expand(self, pbegin):
+        readers = []
+        if self._ranges or not self._row_groups:
+            readers.append(pbegin | "ReadJsonl" >> ReadJsonlDocuments(
+                self._ranges, self._text_key, batch_documents=self._batch_documents,
+                storage_options=self._storage_options, progress_dir=self._progress_dir))
+        if self._row_groups:
+            readers.append(pbegin | "ReadParquet" >> ReadParquetDocuments(
+                self._row_groups, batch_documents=self._batch_documents,
+                storage_options=self._storage_options, progress_dir=self._progress_dir))
+        return Corpus(*(
+            tuple(r[tag] for r in readers) | f"Flatten_{tag}" >> beam.Flatten()
+            for tag in ("documents", REJECTED, LINE_COUNTS, COUNTS)  # "documents": the main output
+        ))
