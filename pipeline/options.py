@@ -8,6 +8,7 @@ DEFAULT_VALIDATION_FRACTION = 0.01
 DEFAULT_TOKENS_CHUNK = 1 << 18  # measured: docs/design.md, 'Chunks and codecs'
 DEFAULT_SEQ_STARTS_CHUNK = 1 << 16
 DEFAULT_SHARD_MB = 64
+DEDUP_CHOICES = ("none", "exact")
 
 
 class OptionError(ValueError):
@@ -22,6 +23,13 @@ class FlatTokensOptions(PipelineOptions):
                        help="JSONL file, directory or glob (local, gs://, any fsspec URL; .gz/.zst by "
                             "extension). Repeatable. Example: --input 'gs://bucket/corpus/*.jsonl.zst'")
         g.add_argument("--text_key", default="text", help="JSON key holding each document's text (default: text)")
+        g.add_argument("--mixture", default=None,
+                       help="a YAML or JSON file (local or gs://) listing weighted sources, instead of --input: "
+                            "each source's share of the train tokens and how often its documents may be "
+                            "reused (README: 'Mixtures of several sources')")
+        g.add_argument("--dedup", default="none", choices=DEDUP_CHOICES,
+                       help="none (default) or exact: keep each distinct text once, whichever file or source "
+                            "it comes from; a text is never in both splits")
 
         g = parser.add_argument_group("tokenization")
         g.add_argument("--tokenizer", default=None,
@@ -86,7 +94,14 @@ class FlatTokensOptions(PipelineOptions):
 
 def check_options(o: FlatTokensOptions) -> None:
     """Raises OptionError for a missing or out-of-range value, naming the option."""
-    for name in ("input", "output", "tokenizer"):
+    if o.input and o.mixture:
+        raise OptionError("--input and --mixture cannot be combined: list every input as a source of the mixture")
+    if not o.input and not o.mixture:
+        raise OptionError("--input is required (or --mixture, a file of weighted sources)")
+    if o.mixture and o.validation_input:
+        raise OptionError("--validation_input cannot be combined with --mixture: give each source its own "
+                          "validation_input in the mixture file")
+    for name in ("output", "tokenizer"):
         if not getattr(o, name):
             raise OptionError(f"--{name} is required")
     if o.validation_fraction is not None and not 0 <= o.validation_fraction < 1:
