@@ -146,8 +146,9 @@ def plan_job(o: FlatTokensOptions, storage_options: dict | None = None, run_id: 
         "tokenizer": tokenizer.provenance(),
         "seed": o.seed,
         "validation_fraction": fraction,
-        "inputs": list(o.input or []),
-        "validation_inputs": list(o.validation_input or []),
+        "inputs": list(o.input) if o.input else [p for s in inputs.mixture.sources for p in s.inputs],
+        "validation_inputs": list(o.validation_input or []) if o.input else
+        [p for s in inputs.mixture.sources for p in s.validation_inputs],
         "text_key": o.text_key,
         "input_files": len(train_files) + len(valid_files),
         "dedup": o.dedup,

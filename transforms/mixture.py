@@ -270,3 +270,19 @@ def report(mixture: Mixture, counts: dict) -> dict:
         entry["train_share"] = c[TRAIN_TOKENS] / train_total if train_total else 0.0
     described["train_tokens_target"] = float(total)
     return described
+
+
+def source_table(report: dict, indent: str = "  ") -> list[str]:
+    """The `mixture` root attribute as a text table: one row per source, asked and achieved."""
+    header = ("source", "share", "max_epochs", "multiplier", "documents", "duplicates", "tokens available",
+              "train tokens", "train share", "validation tokens")
+    rows = [header] + [(
+        s["name"], f"{s['share']:.3f}", f"{s['max_epochs']:g}", f"{s['multiplier']:.4f}", f"{s[DOCUMENTS]:,}",
+        f"{s[DUPLICATES]:,}", f"{s[TOKENS_AVAILABLE]:,}", f"{s[TRAIN_TOKENS]:,}", f"{s['train_share']:.3f}",
+        f"{s[VALIDATION_TOKENS]:,}") for s in report["sources"]]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines = [f"{indent}mixture {report['file']}: train target {report['train_tokens_target']:,.0f} tokens"]
+    for r in rows:
+        cells = [r[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(r[1:], widths[1:])]
+        lines.append(indent + "  " + "  ".join(cells).rstrip())
+    return lines
