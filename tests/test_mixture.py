@@ -246,3 +246,34 @@ def test_bad_mixtures_and_combinations_exit_2_before_reading(tmp_path):
         proc = run_pipeline(*args, *common, check=False)
         assert proc.returncode == 2 and message in proc.stderr, (args, proc.stderr)
         assert not (tmp_path / "out.zarr").exists()
+
+
+def test_a_source_with_its_own_validation_input(tmp_path):
+    """A source's validation_input forms its share of the validation split, used once, and all
+    of its input is train; a source without one holds out --validation_fraction of its input."""
+    texts = paragraphs(SAMPLE / "corpus-1.jsonl")
+    write_jsonl(tmp_path / "a" / "train.jsonl", texts[:300])
+    write_jsonl(tmp_path / "a" / "valid.jsonl", texts[300:320])
+    write_jsonl(tmp_path / "b.jsonl", texts[400:1000])  # about twice a: b binds, a is used about twice
+    (tmp_path / "mix.yaml").write_text(
+        "sources:\n"
+        "  - {name: a, input: a/train.jsonl, validation_input: [a/valid.jsonl], weight: 1, max_epochs: 3}\n"
+        "  - {name: b, input: b.jsonl, weight: 1}\n")
+    out = tmp_path / "out.zarr"
+    run_pipeline("--mixture", tmp_path / "mix.yaml", "--tokenizer", "bytes", "--output", out,
+                 "--validation_fraction", "0.1")
+
+    def texts_of(split):
+        return Counter((np.array(s) - 1).astype(np.uint8).tobytes().decode("utf-8") for s in split_sequences(out, split))
+
+    train, valid = texts_of("train"), texts_of("validation")
+    assert set(texts[300:320]) <= set(valid) and max(valid.values()) == 1
+    assert not set(valid) & set(train)
+    held_from_b = set(valid) - set(texts[300:320])
+    assert held_from_b <= set(texts[400:1000]) and 30 <= len(held_from_b) <= 90
+    assert set(train) == set(texts[:300]) | (set(texts[400:1000]) - held_from_b)
+    assert all(train[t] == 1 for t in texts[400:1000] if t in train)
+    assert all(train[t] >= 1 for t in texts[:300])
+    sources = {s["name"]: s for s in zarr.open_group(str(out), mode="r").attrs["mixture"]["sources"]}
+    assert sources["a"]["validation_sequences"] == 20 and sources["a"]["train_documents"] == 300
+    check_flat_tokens(out)
