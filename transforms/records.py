@@ -55,7 +55,7 @@ class ShardPart:
 
     order_hashes: np.ndarray  # uint64
     salts: np.ndarray  # uint64 order salt of each document's file (a tie-breaker)
-    offsets: np.ndarray  # uint64
+    offsets: np.ndarray  # uint64 (with --dedup exact, these two hold the halves of the content digest)
     lengths: np.ndarray  # int64
     packed_ids: bytes  # token ids of the documents, concatenated, compressed for the shuffle
     ids_dtype: str  # "uint16" or "uint32"
