@@ -32,6 +32,7 @@ import numpy as np
 
 from pipeline.reader import SPLITS, DatasetError, FlatTokensSplit, inputs_targets, open_dataset
 from pipeline.verify import _storage_option
+from transforms.mixture import source_table
 
 USAGE_ERROR = 2
 BAR_WIDTH = 40
@@ -230,7 +231,7 @@ def window_report(split: FlatTokensSplit, index: int, length: int, decoder) -> d
 
 
 PROVENANCE_KEYS = ("tokenizer", "seed", "validation_fraction", "inputs", "validation_inputs", "text_key",
-                   "input_files", "package", "run_id", "storage", "rejected_output")
+                   "input_files", "dedup", "mixture", "package", "run_id", "storage", "rejected_output")
 
 
 def provenance(attrs: dict) -> dict:
@@ -331,12 +332,14 @@ def render(report: dict) -> str:
     out.append("provenance")
     p = report["provenance"]
     for key, value in p.items():
-        if key == "stats":
+        if key in ("stats", "mixture"):
             continue
         out.append(f"  {key}: {json.dumps(value, ensure_ascii=False)}")
+    if p.get("mixture"):
+        out += source_table(p["mixture"])
     stats = p.get("stats", {})
     if stats:
-        order = ("lines", "documents", "blank", "rejected", "empty")
+        order = ("lines", "documents", "blank", "rejected", "empty", "duplicates")
         parts = [f"{k} {_num(stats[k])}" for k in order if k in stats]
         out.append("  stats: " + "  ".join(parts))
         if stats.get("rejected_by_reason"):

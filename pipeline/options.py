@@ -10,6 +10,8 @@ DEFAULT_VALIDATION_FRACTION = 0.01
 DEFAULT_TOKENS_CHUNK = 1 << 18  # measured: docs/design.md, 'Chunks and codecs'
 DEFAULT_SEQ_STARTS_CHUNK = 1 << 16
 DEFAULT_SHARD_MB = 64
+DEDUP_CHOICES = ("none", "exact")
+REQUIRED_UNLESS_MIXTURE = "required, unless --mixture is given"
 
 
 class OptionError(ValueError):
@@ -79,16 +81,33 @@ _LAUNCHER_ONLY = "launcher logging only; a Dataflow job's progress and logs are 
 
 OPTIONS: tuple[Option, ...] = (
     # input
-    Option(name="input", group="input", repeatable=True, required=True,
+    Option(name="input", group="input", repeatable=True, default_text=REQUIRED_UNLESS_MIXTURE,
            help="JSONL or Parquet file, directory or glob (local, gs://, any fsspec URL; .gz/.zst by "
                 "extension; *.parquet/*.pq read by row group). Example: --input 'gs://bucket/corpus/*.jsonl.zst'",
            template=Template("Input JSONL or Parquet files", "gcs_read", example="gs://my-bucket/corpus/*.jsonl.zst",
                              help="JSONL or Parquet file, folder or glob on Cloud Storage; .gz and .zst are "
                                   "decompressed by extension, *.parquet read by row group. One value: for more "
-                                  "files, use a glob or a folder")),
+                                  "files, use a glob or a folder. Required unless mixture is given (give one "
+                                  "of the two)")),
     Option(name="text_key", group="input", default="text",
            help="JSON key (or Parquet column) holding each document's text",
            template=Template("Text key", "text")),
+    Option(name="mixture", group="input",
+           help="a YAML or JSON file (local or gs://) listing weighted sources, instead of --input: each "
+                "source's share of the train tokens and how often its documents may be reused (README: "
+                "'Mixtures of several sources')",
+           template=Template("Mixture file (instead of input)", "gcs_read",
+                             example="gs://my-bucket/mixtures/web-code.yaml",
+                             help="A YAML or JSON file on Cloud Storage listing weighted sources, instead of "
+                                  "input: each source's name, input (files or globs), weight (its share of the "
+                                  "train tokens) and optional max_epochs, validation_input and text_key. Give "
+                                  "either input or mixture")),
+    Option(name="dedup", group="input", default="none", choices=DEDUP_CHOICES,
+           help="none, or exact: keep each distinct text once, whichever file or source it comes from; a "
+                "text is never in both splits (and a file may then be listed twice)",
+           template=Template("Deduplication", "choice",
+                             choices=(("none", "none", "keep every document"),
+                                      ("exact", "exact", "keep each distinct text once")))),
     # tokenization
     Option(name="tokenizer", group="tokenization", required=True,
            help="tokenizer.json path or URL; 'bytes' (built in: UTF-8 byte b -> id b+1); or a "
@@ -207,7 +226,8 @@ def default_text(o: Option) -> str:
 def argparse_help(o: Option) -> str:
     extra = ["repeatable"] if o.repeatable else []
     if o.required or o.type is not bool and (o.default is not None or o.default_text is not None):
-        extra.append(default_text(o) if o.required else f"default {default_text(o)}")
+        stated = default_text(o)
+        extra.append(stated if stated.startswith("required") else f"default {stated}")
     text = o.help + (f" ({'; '.join(extra)})" if extra else "")
     return text.replace("%", "%%")  # argparse formats help with %
 

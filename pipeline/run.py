@@ -22,6 +22,7 @@ from pipeline.graph import build_pipeline, plan_job
 from pipeline.options import FlatTokensOptions, OptionError, check_options, help_text, unknown_options
 from transforms import zarr_store
 from transforms.inputs import InputError
+from transforms.mixture import source_table
 from transforms.progress import ProgressLogger
 from transforms.tokenize import TokenizerError
 
@@ -73,20 +74,24 @@ def summarize(output: str, wall_seconds: float, storage_options: dict | None = N
             "wall_seconds": round(wall_seconds, 3),
             "tokens_per_second": round(tokens / wall_seconds, 1) if wall_seconds > 0 else None,
             "tokenizer": attrs.get("tokenizer"), "run_id": attrs.get("run_id"),
-            "rejected_output": attrs.get("rejected_output") if stats["rejected"] else None}
+            "rejected_output": attrs.get("rejected_output") if stats["rejected"] else None,
+            "mixture": attrs.get("mixture")}
 
 
 def format_summary(summary: dict) -> str:
     s = summary["stats"]
     lines = [f"flat-tokens: wrote {summary['output']}",
              f"  input: {s['documents']:,} documents, {s['blank']:,} blank lines, {s['rejected']:,} rejected lines, "
-             f"{s['empty']:,} empty documents (dropped)"]
+             f"{s['empty']:,} empty documents (dropped)"
+             + (f", {s['duplicates']:,} duplicates (removed)" if s.get("duplicates") else "")]
     if summary.get("rejected_output"):
         reasons = ", ".join(f"{k} {v}" for k, v in s["rejected_by_reason"].items())
         lines.append(f"  rejected lines ({reasons}) are listed in {summary['rejected_output']}/")
     for split in ("train", "validation"):
         lines.append(f"  {split}: {s[split]['sequences']:,} sequences, {s[split]['tokens']:,} tokens, "
                      f"max_token_id {s[split]['max_token_id']}")
+    if summary.get("mixture"):
+        lines += source_table(summary["mixture"])
     if summary["output_bytes"] is not None:
         per_token = f", {summary['bytes_per_token']} bytes/token" if summary["bytes_per_token"] else ""
         lines.append(f"  output: {summary['output_bytes'] / 2**20:,.1f} MB{per_token}")

@@ -108,7 +108,7 @@ def sentence(o: Option, text: str) -> str:
 
 
 def template_default(o: Option) -> str | None:
-    if o.required:
+    if o.required or default_text(o).startswith("required"):
         return None
     if o.type is bool:
         return "false"

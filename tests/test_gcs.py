@@ -93,3 +93,23 @@ def test_existing_gs_output_is_refused_without_overwrite(gcs, gs_direct):
     assert "exists and is not empty; pass --overwrite" in proc.stderr
     assert gcs.fs.cat(f"{BUCKET}/out.zarr/.zattrs") == before
     assert_quiet(proc.stderr)
+
+
+def test_a_mixture_file_on_gs_reads_its_sources_relative_to_itself(gcs, gcs_corpus, tmp_path):
+    """The same mixture text, on gs:// and locally: relative inputs resolve next to the file,
+    so both runs read the same files and write the same arrays."""
+    text = ("sources:\n"
+            "  - {name: even, input: ['corpus/part-0.jsonl', 'corpus/part-2.jsonl'], weight: 2}\n"
+            "  - {name: odd, input: 'corpus/part-[13].jsonl*', weight: 1, max_epochs: 2}\n")
+    (gcs_corpus / "mix.yaml").write_text(text)
+    gcs.fs.pipe(f"{BUCKET}/mix.yaml", text.encode())
+    common = ["--tokenizer", f"{GS}/tok.json", "--dedup", "exact", *COMMON]
+    run_pipeline("--mixture", gcs_corpus / "mix.yaml", "--output", tmp_path / "local.zarr", *common,
+                 env=gcs.env, timeout=100)
+    proc = run_pipeline("--mixture", f"{GS}/mix.yaml", "--output", f"{GS}/mixed.zarr", *common, env=gcs.env,
+                        timeout=100)
+    assert_quiet(proc.stderr)
+    check_flat_tokens(fetch(gcs, "mixed.zarr", tmp_path / "mixed.zarr"), "--compare", tmp_path / "local.zarr")
+    sources = json.loads(gcs.fs.cat(f"{BUCKET}/mixed.zarr/.zattrs"))["mixture"]["sources"]
+    assert sources[1]["inputs"] == [f"{GS}/corpus/part-[13].jsonl*"]
+    assert all(s["train_tokens"] > 0 for s in sources)

@@ -44,6 +44,9 @@ NOT_PARAMETERS = {o.name: o.template for o in OPTIONS if not isinstance(o.templa
 ENUM_SUBSETS = {"tokenizer_backend": {"auto", "hf", "fastokens"}}
 # Parameters whose value is free text: no regex to check.
 FREE_TEXT = {"text_key"}
+# Options of which the job needs exactly one: each is optional as a parameter (metadata.json
+# cannot say "one of"), and the job refuses neither and both with exit 2.
+ONE_OF = {"input", "mixture"}
 # Beam pipeline options (not FlatTokensOptions) that launch requests may pass as parameters.
 BEAM_PARAMETERS = {"sdk_container_image"}
 
@@ -94,6 +97,10 @@ SAMPLES = {
     "seq_starts_chunk_size": POSITIVE_INT,
     "chunks_per_shard": NON_NEGATIVE_INT,
     "codec": (["blosc-zstd", "blosc-lz4", "zstd"], ["lz4", "gzip", "", "BLOSC-ZSTD", "blosc-zstd "]),
+    "mixture": (["gs://my-bucket/mixtures/web-code.yaml", "gs://my-bucket/m.json", "gs://a.b-c_d/x y/mix.yml"],
+                ["", "gs://my-bucket/", "gs://my-bucket/dir/", "/local/mix.yaml", "mix.yaml", "gs://my-bucket/*.yaml",
+                 "gs://my-bucket", "gs://My-Bucket/m.yaml", "gs://my-bucket/m.yaml "]),
+    "dedup": (["none", "exact"], ["", "NONE", "fuzzy", "exact "]),
     "tokenizer_backend": (["auto", "hf", "fastokens"], ["", "HF", "tokie", "auto ", "tests.wrong_backends:x"]),
     "tokenizer_check_fraction": (["0", "0.001", "1", ".5", "1.0", *SCIENTIFIC_BELOW_1],
                                  ["1.5", "-0.1", "", "abc", "2", *NOT_FRACTIONS]),
@@ -227,9 +234,15 @@ def test_every_option_of_the_job_is_a_parameter_or_deliberately_left_out():
 def test_required_options_are_required_parameters_and_only_those():
     required = required_options()
     assert required == {"input", "output", "tokenizer"}
-    assert required == {o.name for o in OPTIONS if o.required}, "the option table's `required` disagrees"
+    assert required - ONE_OF == {o.name for o in OPTIONS if o.required}, "the option table's `required` disagrees"
+    base = {"output": "out.zarr", "tokenizer": "bytes"}
+    for name in ONE_OF:  # either one suffices; both are refused
+        assert _check({**base, name: "x"}) is None, name
+    assert _check({**base, **{name: "x" for name in ONE_OF}}) is not None
     for name, p in parameters().items():
-        if name in required:
+        if name in ONE_OF:
+            assert p.get("isOptional") is True, f"{name} is one of {sorted(ONE_OF)}: optional, the job checks"
+        elif name in required:
             assert p.get("isOptional", False) is False, f"{name} is required by check_options"
         else:
             assert p.get("isOptional") is True, f"{name} has a default: mark it isOptional"
@@ -421,6 +434,8 @@ def test_values_the_regexes_accept_are_values_the_job_accepts(name):
     launcher = load_launcher()
     for value in accepted_values(name):
         base = {"input": "gs://my-bucket/x.jsonl", "output": "gs://my-bucket/o.zarr", "tokenizer": "bytes"}
+        if name == "mixture":
+            del base["input"]
         extra = ["--zarr_format=3"] if name == "chunks_per_shard" else []
         argv = launcher.template_argv([*(f"--{k}={v}" for k, v in base.items() if k != name),
                                        f"--{name}={value}", *extra])
@@ -516,8 +531,10 @@ TEMPLATE_VALUES = {  # every optional parameter, as Dataflow passes it (validati
     "text_key": "text", "seed": "7", "validation_fraction": "0.05", "num_shards": "2", "overwrite": "false",
     "zarr_format": "3", "tokens_chunk_size": "8192", "seq_starts_chunk_size": "256", "chunks_per_shard": "2",
     "codec": "blosc-lz4", "max_rejected_fraction": "0.01", "read_range_mb": "1", "batch_documents": "128",
-    "tokenizer_backend": "fastokens", "tokenizer_check_fraction": "0.5",
+    "tokenizer_backend": "fastokens", "tokenizer_check_fraction": "0.5", "dedup": "exact",
 }
+# The parameters `launched` cannot combine with its input/validation_input: see the mixture launch below.
+LAUNCHED_APART = {"mixture"}
 
 
 @pytest.fixture(scope="module")
@@ -537,7 +554,7 @@ def launched(tmp_path_factory):
 
 
 def test_launcher_runs_end_to_end_with_template_parameters(launched):
-    assert set(launched.params) == set(parameters()), "exercise every template parameter"
+    assert set(launched.params) | LAUNCHED_APART == set(parameters()), "exercise every template parameter"
     for name, value in TEMPLATE_VALUES.items():  # the values are ones Dataflow lets through
         assert all(re.search(r, value) for r in parameters()[name].get("regexes", [])), name
     assert launched.proc.returncode == 0, launched.proc.stderr[-5000:]
@@ -546,6 +563,19 @@ def test_launcher_runs_end_to_end_with_template_parameters(launched):
     g = zarr.open_group(str(launched.out), mode="r")
     assert g.metadata.zarr_format == 3 and summary["stats"] == g.attrs["stats"]
     assert summary["stats"]["train"]["sequences"] > 0 and summary["stats"]["validation"]["sequences"] > 0
+
+
+def test_launcher_runs_a_mixture(tmp_path):
+    mixture = tmp_path / "mix.yaml"
+    mixture.write_text(f"sources:\n"
+                       f"  - {{name: one, input: ['{SAMPLE / 'corpus-1.jsonl'}'], weight: 2}}\n"
+                       f"  - {{name: two, input: ['{SAMPLE / 'corpus-2.jsonl'}'], weight: 1, max_epochs: 2}}\n")
+    out = tmp_path / "mixed.zarr"
+    argv = [f"--mixture={mixture}", f"--output={out}", "--tokenizer=bytes", "--dedup=exact", "--input="]
+    assert load_launcher().main(argv) == 0
+    dataset_ok(out)
+    sources = zarr.open_group(str(out), mode="r").attrs["mixture"]["sources"]
+    assert [s["name"] for s in sources] == ["one", "two"] and all(s["train_tokens"] > 0 for s in sources)
 
 
 def test_relaunch_without_overwrite_is_refused_and_keeps_the_dataset(launched, capsys):

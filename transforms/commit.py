@@ -5,6 +5,7 @@ from collections import Counter
 import apache_beam as beam
 
 from transforms import layout as plan
+from transforms import mixture as mix
 from transforms import zarr_store as store
 from transforms.zarr_store import SEQ_STARTS, SPLITS, TOKENS, StoreTarget
 
@@ -38,6 +39,7 @@ def dataset_stats(counts: dict, layout: dict) -> dict:
         "rejected": counts.get("rejected", 0),
         "rejected_by_reason": {k.split(":", 1)[1]: v for k, v in sorted(counts.items()) if k.startswith("rejected:")},
         "empty": counts.get("empty", 0),
+        "duplicates": counts.get("duplicates", 0),
     }
     for split in SPLITS:
         s = layout[split]
@@ -45,15 +47,21 @@ def dataset_stats(counts: dict, layout: dict) -> dict:
     return stats
 
 
-def check_accounts(stats: dict, chunks_written: dict, target: StoreTarget) -> None:
-    """Raises when a document or a chunk is missing or doubled: the output stays uncommitted."""
+def check_accounts(stats: dict, chunks_written: dict, target: StoreTarget, counts: dict | None = None,
+                   mixture: mix.Mixture | None = None) -> None:
+    """Raises when a document or a chunk is missing or doubled: the output stays uncommitted.
+    Every document read is written, empty, or a removed duplicate; with a mixture, every
+    distinct train document is written as many times as its copies were counted."""
     if stats["lines"] != stats["documents"] + stats["blank"] + stats["rejected"]:
         raise RuntimeError(f"line accounting failed: {stats['lines']} lines read, but {stats['documents']} "
                            f"documents + {stats['blank']} blank + {stats['rejected']} rejected")
-    written = stats["empty"] + sum(stats[s]["sequences"] for s in SPLITS)
-    if written != stats["documents"]:
-        raise RuntimeError(f"document accounting failed: {stats['documents']} documents read, but "
-                           f"{written} written or empty")
+    if mixture is None:
+        written = stats["empty"] + stats["duplicates"] + sum(stats[s]["sequences"] for s in SPLITS)
+        if written != stats["documents"]:
+            raise RuntimeError(f"document accounting failed: {stats['documents']} documents read, but "
+                               f"{written} written, empty or duplicates")
+    else:
+        check_mixture_accounts(stats, counts, mixture)
     for split in SPLITS:
         for name, length in ((TOKENS, stats[split]["tokens"]), (SEQ_STARTS, stats[split]["sequences"] + 1)):
             expected = plan.block_count(length, target.write_block(name))
@@ -63,16 +71,37 @@ def check_accounts(stats: dict, chunks_written: dict, target: StoreTarget) -> No
                                    f"have exactly one writer. The output is left uncommitted.")
 
 
+def check_mixture_accounts(stats: dict, counts: dict, mixture: mix.Mixture) -> None:
+    """The per-source counts add up, and agree with the arrays' sizes (the layout)."""
+    mix.check_source_accounts(mixture, counts)
+    n = len(mixture.sources)
+    per_source = {what: sum(counts.get(mix.source_key(i, what), 0) for i in range(n)) for what in mix.SOURCE_COUNTS}
+    for split in SPLITS:
+        for what in ("sequences", "tokens"):
+            if per_source[f"{split}_{what}"] != stats[split][what]:
+                raise RuntimeError(f"mixture accounting failed: the sources' {split} {what} add up to "
+                                   f"{per_source[f'{split}_{what}']}, but the {split} split holds "
+                                   f"{stats[split][what]}")
+    for what in (mix.DOCUMENTS, mix.EMPTY, mix.DUPLICATES):
+        if per_source[what] != stats[what]:
+            raise RuntimeError(f"mixture accounting failed: the sources' {what} add up to {per_source[what]}, "
+                               f"but the input has {stats[what]}")
+
+
 class CommitFn(beam.DoFn):
-    def __init__(self, target: StoreTarget, provenance: dict):
+    def __init__(self, target: StoreTarget, provenance: dict, mixture: mix.Mixture | None = None):
         self._target = target
         self._provenance = provenance
+        self._mixture = mixture
 
     def process(self, _, chunks_written, layout, counts):
         stats = dataset_stats(counts, layout)
-        check_accounts(stats, chunks_written, self._target)
+        check_accounts(stats, chunks_written, self._target, counts, self._mixture)
         root = {"format": "flat-tokens", "complete": True, "stats": stats, **self._provenance,
                 "storage": self._target.describe()}
+        if self._mixture is not None:
+            root["mixture"] = mix.report(self._mixture, counts)
+            stats["duplicates_by_source"] = {s["name"]: s[mix.DUPLICATES] for s in root["mixture"]["sources"]}
         splits = {s: {"max_token_id": stats[s]["max_token_id"]} for s in SPLITS}
         store.commit(self._target, root, splits)
         yield stats
@@ -81,17 +110,18 @@ class CommitFn(beam.DoFn):
 class CommitDataset(beam.PTransform):
     """(chunk counts, layout side input, line counts) -> commits the dataset; yields its stats."""
 
-    def __init__(self, target: StoreTarget, provenance: dict):
+    def __init__(self, target: StoreTarget, provenance: dict, mixture: mix.Mixture | None = None):
         super().__init__()
         self._target = target
         self._provenance = provenance
+        self._mixture = mixture
 
     def expand(self, inputs):
         chunks_written, layout, counts = inputs
         return (
             chunks_written.pipeline
             | "Once" >> beam.Create([None], reshuffle=False)
-            | "Commit" >> beam.ParDo(CommitFn(self._target, self._provenance),
+            | "Commit" >> beam.ParDo(CommitFn(self._target, self._provenance, self._mixture),
                                      beam.pvalue.AsSingleton(chunks_written), beam.pvalue.AsSingleton(layout),
                                      beam.pvalue.AsSingleton(counts))
         )

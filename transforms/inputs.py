@@ -5,6 +5,7 @@ before any worker starts) and is a pure function of the file listing.
 """
 import asyncio
 import atexit
+import os
 import posixpath
 import sys
 import weakref
@@ -32,6 +33,12 @@ class InputFile:
     compression: str | None
     split: str  # "train", "validation", or "auto" (decided per document by --validation_fraction)
     format: str = JSONL  # JSONL, or PARQUET (read by row group, never by byte range)
+    text_key: str | None = None  # a mixture source's own text key; None: --text_key
+
+
+def input_index(file_key: str) -> int:
+    """The index of the input (pattern) that listed a file, from its key."""
+    return int(file_key.split(":", 1)[0])
 
 
 @dataclass(frozen=True)
@@ -106,6 +113,27 @@ def list_input_files(patterns: list[str], split: str, first_index: int = 0,
                 format=format_of(path, option),
             ))
     return files
+
+
+def file_identity(f: InputFile) -> str:
+    """One name per file, to find a file listed twice: a local path resolved (symlinks,
+    "..", relative paths), a URL as listed."""
+    if "://" in f.url and not f.url.startswith("file://"):
+        return f.url
+    return os.path.realpath(f.url.removeprefix("file://"))
+
+
+def check_no_overlap(files: list[InputFile], origin_of) -> None:
+    """Refuses a file that two patterns match (or a train and a validation pattern): its
+    documents would be read twice, and could land in both splits. `origin_of(file)` names
+    the option and pattern that listed it."""
+    seen = {}
+    for f in files:
+        first = seen.setdefault(file_identity(f), f)
+        if first is not f:
+            raise InputError(f"input {f.url} is listed twice, by {origin_of(first)} and by {origin_of(f)}: its "
+                             f"documents would be read twice (and could land in both splits). List each file "
+                             f"once, or pass --dedup exact to keep each distinct text once")
 
 
 def check_readable(files: list[InputFile], storage_options: dict | None = None, limit: int = 64) -> None:

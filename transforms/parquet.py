@@ -94,7 +94,8 @@ def list_row_groups(files: list[InputFile], text_key: str, storage_options: dict
         return []
     workers = min(FOOTER_READERS, len(parquet_files), (os.cpu_count() or 1) * 4)
     with ThreadPoolExecutor(workers) as pool:
-        per_file = list(pool.map(lambda f: row_groups_of(f, text_key, storage_options), parquet_files))
+        per_file = list(pool.map(lambda f: row_groups_of(f, f.text_key or text_key, storage_options),
+                                       parquet_files))
     return [g for groups in per_file for g in groups]
 
 

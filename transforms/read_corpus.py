@@ -30,7 +30,7 @@ def peek_documents(files, count: int, text_key: str, storage_options: dict | Non
         if len(texts) >= count:
             break
         if f.format == PARQUET:
-            with contextlib.closing(parquet.iter_texts(f, text_key, storage_options)) as documents:
+            with contextlib.closing(parquet.iter_texts(f, f.text_key or text_key, storage_options)) as documents:
                 for text in documents:
                     texts.append(text)
                     if len(texts) >= count:

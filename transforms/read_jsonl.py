@@ -21,7 +21,7 @@ def peek_documents(files, count: int, text_key: str, storage_options: dict | Non
     for f in files:
         with open_input(f, storage_options) as fh:
             for _, raw in jsonl.iter_lines(fh):
-                text, _ = jsonl.parse_line(raw, text_key)
+                text, _ = jsonl.parse_line(raw, f.text_key or text_key)
                 if text is not None:
                     texts.append(text)
                     if len(texts) >= count:
@@ -65,11 +65,12 @@ class ReadRangeFn(beam.DoFn):
             text_bytes = line_bytes = 0
             return done
 
+        text_key = rng.file.text_key or self._text_key
         with open_input(rng.file, self._storage_options) as f:
             for offset, raw in jsonl.iter_lines(f, rng.start, rng.stop):
                 counts["lines"] += 1
                 line_bytes += len(raw) + 1
-                text, reason = jsonl.parse_line(raw, self._text_key)
+                text, reason = jsonl.parse_line(raw, text_key)
                 if text is not None:
                     offsets.append(offset)
                     texts.append(text)

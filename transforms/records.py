@@ -31,6 +31,7 @@ class TokenizedBatch:
     lengths: np.ndarray  # int64 token count of each document
     ids: np.ndarray  # token ids, documents concatenated, in the narrowest type (narrowest_ids)
     empty: int  # documents that tokenized to nothing (dropped)
+    digests: np.ndarray | None = None  # (n, 2) uint64 content digests, with --dedup exact only
 
 
 def narrowest_ids(ids: np.ndarray) -> np.ndarray:
@@ -54,7 +55,7 @@ class ShardPart:
 
     order_hashes: np.ndarray  # uint64
     salts: np.ndarray  # uint64 order salt of each document's file (a tie-breaker)
-    offsets: np.ndarray  # uint64
+    offsets: np.ndarray  # uint64 (with --dedup exact, these two hold the halves of the content digest)
     lengths: np.ndarray  # int64
     packed_ids: bytes  # token ids of the documents, concatenated, compressed for the shuffle
     ids_dtype: str  # "uint16" or "uint32"
@@ -136,4 +137,40 @@ class RecordCoder(beam.coders.Coder):
 
 
 for _record in (DocumentBatch, TokenizedBatch, ShardPart, SortedShard):
+    beam.coders.registry.register_coder(_record, RecordCoder)
+
+
+@dataclass
+class DedupPart:
+    """The documents of one TokenizedBatch that fall into one shard of the dedup shuffle."""
+
+    file_key: str
+    split: str  # the batch's split: "train", "validation" or "auto"
+    offsets: np.ndarray  # uint64: with the file key, each copy's place (which copy is kept)
+    digests: np.ndarray  # (n, 2) uint64 content digests
+    lengths: np.ndarray  # int64
+    packed_ids: bytes  # as in ShardPart
+    ids_dtype: str
+
+    @classmethod
+    def of(cls, file_key, split, offsets, digests, lengths, ids: np.ndarray) -> "DedupPart":
+        ids = np.ascontiguousarray(ids)
+        return cls(file_key, split, offsets, digests, lengths, _SHUFFLE_CODEC.encode(ids), ids.dtype.name)
+
+    def ids(self) -> np.ndarray:
+        return np.frombuffer(_SHUFFLE_CODEC.decode(self.packed_ids), dtype=self.ids_dtype)
+
+
+@dataclass
+class DistinctBatch:
+    """Distinct texts (--dedup exact): one copy of each, with its split already decided."""
+
+    digests: np.ndarray  # (n, 2) uint64 content digests, all different
+    splits: np.ndarray  # int8: 0 train, 1 validation
+    sources: np.ndarray  # int64 mixture source of the kept copy (0 without a mixture)
+    lengths: np.ndarray  # int64
+    ids: np.ndarray  # narrowest_ids
+
+
+for _record in (DedupPart, DistinctBatch):
     beam.coders.registry.register_coder(_record, RecordCoder)

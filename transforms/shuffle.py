@@ -5,11 +5,16 @@ in the input (transforms.shuffle_keys), group documents by the hash range (shard
 fall into, and sort each shard by hash. The shard sizes are known before the group-by,
 so offsets can be laid out while the shuffle runs (see transforms.write_zarr).
 """
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import apache_beam as beam
 import numpy as np
 
+from transforms import mixture
 from transforms import shuffle_keys as keys
-from transforms.records import ShardPart, ShardSize, SortedShard, TokenizedBatch, encode_start_bits
+from transforms.inputs import input_index
+from transforms.records import DistinctBatch, ShardPart, ShardSize, SortedShard, TokenizedBatch, encode_start_bits
 
 SPLITS = ("train", "validation")
 _SLICE_WHEN_AVERAGE_LENGTH = 64
@@ -41,16 +46,67 @@ def gather_segments(tokens: np.ndarray, lengths: np.ndarray, order: np.ndarray) 
     return out
 
 
-def split_and_shard(batch: TokenizedBatch, seed: int, validation_fraction: float,
-                    num_shards: dict[str, int]):
-    """Yields ((split, shard), ShardPart) for each (split, shard) that the batch's documents hit."""
+@dataclass
+class DocumentKeys:
+    """Where the documents of one batch go, before any copies are made."""
+
+    split: np.ndarray  # int64: 0 train, 1 validation
+    order: np.ndarray  # uint64 order hash (of the first copy)
+    ties: tuple[np.ndarray, np.ndarray]  # uint64 tie-breakers of the order (ShardPart.salts, .offsets)
+    sources: np.ndarray  # int64 mixture source (0 without a mixture)
+    sample: Callable[[], np.ndarray]  # () -> uint64 sample hashes (a mixture's extra copies)
+
+
+def document_keys(batch, seed: int, validation_fraction: float,
+                  source_of_input: list[int] | None = None) -> DocumentKeys:
+    """A TokenizedBatch's documents are keyed by their place; a DistinctBatch's (--dedup
+    exact) by their content, their split decided already."""
+    if isinstance(batch, DistinctBatch):
+        return DocumentKeys(
+            split=batch.splits.astype(np.int64),
+            order=keys.content_hashes(keys.content_salt(seed, keys.ORDER), batch.digests),
+            ties=(batch.digests[:, 0], batch.digests[:, 1]),
+            sources=batch.sources,
+            sample=lambda: keys.content_hashes(keys.content_salt(seed, keys.SAMPLE), batch.digests))
     order_salt = keys.file_salt(seed, keys.ORDER, batch.file_key)
-    order_hashes = keys.place_hashes(order_salt, batch.offsets)
     if batch.split == "auto":
         split_hashes = keys.place_hashes(keys.file_salt(seed, keys.SPLIT, batch.file_key), batch.offsets)
         split_index = keys.below_fraction(split_hashes, validation_fraction).astype(np.int64)
     else:
         split_index = np.full(batch.offsets.shape, SPLITS.index(batch.split), dtype=np.int64)
+    source = source_of_input[input_index(batch.file_key)] if source_of_input else 0
+    return DocumentKeys(
+        split=split_index,
+        order=keys.place_hashes(order_salt, batch.offsets),
+        ties=(np.full(batch.offsets.shape, order_salt, dtype=np.uint64), batch.offsets),
+        sources=np.full(batch.offsets.shape, source, dtype=np.int64),
+        sample=lambda: keys.place_hashes(keys.file_salt(seed, keys.SAMPLE, batch.file_key), batch.offsets))
+
+
+def copies_of(doc: DocumentKeys, sampling) -> np.ndarray:
+    """How many times each document is written: validation documents once; a train
+    document of source s `whole` times, plus once when its sample hash is below `threshold`."""
+    if sampling is None:
+        return np.ones(doc.split.shape, dtype=np.int64)
+    whole = np.array([s.whole for s in sampling], dtype=np.int64)[doc.sources]
+    threshold = np.array([s.threshold for s in sampling], dtype=np.uint64)[doc.sources]
+    extra = doc.sample() < threshold
+    return np.where(doc.split == 0, whole + extra, 1)
+
+
+def split_and_shard(batch, seed: int, validation_fraction: float, num_shards: dict[str, int],
+                    sampling=None, source_of_input: list[int] | None = None):
+    """Yields ((split, shard), ShardPart) for each (split, shard) that the batch's documents
+    (and with a mixture's `sampling`, their copies: each with its own place) hit."""
+    doc = document_keys(batch, seed, validation_fraction, source_of_input)
+    if sampling is None:
+        of_copy, order_hashes = None, doc.order
+    else:
+        counts = copies_of(doc, sampling)
+        of_copy = np.repeat(np.arange(counts.size), counts)
+        copy_index = np.arange(of_copy.size) - np.repeat(np.cumsum(counts) - counts, counts)
+        order_hashes = keys.copy_hashes(doc.order[of_copy], copy_index)
+    split_index = doc.split if of_copy is None else doc.split[of_copy]
     shards = np.where(split_index == 0,
                       keys.shard_of(order_hashes, num_shards["train"]),
                       keys.shard_of(order_hashes, num_shards["validation"]))
@@ -61,13 +117,48 @@ def split_and_shard(batch: TokenizedBatch, seed: int, validation_fraction: float
         if members.size == 0:
             continue
         g = int(group[members[0]])
+        docs = members if of_copy is None else of_copy[members]
         yield (SPLITS[g >> 32], g & 0xFFFFFFFF), ShardPart.of(
             order_hashes=order_hashes[members],
-            salts=np.full(members.size, order_salt, dtype=np.uint64),
-            offsets=batch.offsets[members],
-            lengths=batch.lengths[members],
-            ids=gather_segments(batch.ids, batch.lengths, members),
+            salts=doc.ties[0][docs],
+            offsets=doc.ties[1][docs],
+            lengths=batch.lengths[docs],
+            ids=gather_segments(batch.ids, batch.lengths, docs),
         )
+
+
+def count_available(batch, seed: int, validation_fraction: float, source_of_input: list[int]) -> dict:
+    """Per source: the distinct train documents and their tokens (tokens_s of the multipliers)."""
+    doc = document_keys(batch, seed, validation_fraction, source_of_input)
+    train = doc.split == 0
+    return _per_source(doc.sources[train], batch.lengths[train],
+                       mixture.TRAIN_DOCUMENTS, mixture.TOKENS_AVAILABLE, source_of_input)
+
+
+def count_copies(batch, seed: int, validation_fraction: float, source_of_input: list[int], sampling) -> dict:
+    """Per source: the sequences and tokens each split receives, copies counted. Counted apart
+    from the shuffle, so that the commit can check the two against each other."""
+    doc = document_keys(batch, seed, validation_fraction, source_of_input)
+    counts = copies_of(doc, sampling)
+    out = {}
+    for index, split in enumerate(SPLITS):
+        mine = doc.split == index
+        out.update(_per_source(np.repeat(doc.sources[mine], counts[mine]), np.repeat(batch.lengths[mine], counts[mine]),
+                               f"{split}_sequences", f"{split}_tokens", source_of_input))
+    return out
+
+
+def _per_source(sources: np.ndarray, lengths: np.ndarray, n_name: str, tokens_name: str,
+                source_of_input: list[int]) -> dict:
+    size = max(source_of_input) + 1
+    n = np.bincount(sources, minlength=size)
+    tokens = np.zeros(size, dtype=np.int64)
+    np.add.at(tokens, sources, lengths)
+    out = {}
+    for s in range(size):
+        out[mixture.source_key(s, n_name)] = int(n[s])
+        out[mixture.source_key(s, tokens_name)] = int(tokens[s])
+    return out
 
 
 def size_of(keyed_part) -> ShardSize:
@@ -102,18 +193,22 @@ def sort_shard(keyed_parts) -> SortedShard:
 
 
 class ShuffleGlobally(beam.PTransform):
-    """TokenizedBatches -> (SortedShards, ShardSizes). Each split's shards, concatenated in
-    shard order, are that split's documents in a seeded uniformly random order."""
+    """TokenizedBatches (or DistinctBatches) -> (SortedShards, ShardSizes). Each split's
+    shards, concatenated in shard order, are that split's documents in a seeded uniformly
+    random order. With a mixture, `sampling` (a side input: transforms.mixture.sampling_plan)
+    says how many copies of each train document to make."""
 
-    def __init__(self, seed: int, validation_fraction: float, num_shards: dict[str, int]):
+    def __init__(self, seed: int, validation_fraction: float, num_shards: dict[str, int],
+                 sampling=None, source_of_input: list[int] | None = None):
         super().__init__()
         self._seed = seed
         self._validation_fraction = validation_fraction
         self._num_shards = num_shards
+        self._mixing = {} if sampling is None else {"sampling": sampling, "source_of_input": source_of_input}
 
     def expand(self, batches):
         parts = batches | "KeyByShard" >> beam.FlatMap(
-            split_and_shard, self._seed, self._validation_fraction, self._num_shards,
+            split_and_shard, self._seed, self._validation_fraction, self._num_shards, **self._mixing,
         ).with_output_types(tuple[tuple[str, int], ShardPart])
         sizes = parts | "MeasureParts" >> beam.Map(size_of)
         shards = (

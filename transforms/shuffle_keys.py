@@ -18,9 +18,10 @@ _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MUL1 = np.uint64(0xBF58476D1CE4E5B9)
 _MUL2 = np.uint64(0x94D049BB133111EB)
 
-# Purposes keep the order hash and the split hash independent of each other.
+# Purposes keep the order hash, the split hash and the sample hash independent of each other.
 ORDER = "order"
 SPLIT = "split"
+SAMPLE = "sample"  # a mixture's extra copy of a document (transforms.mixture)
 
 
 def file_salt(seed: int, purpose: str, file_key: str) -> np.uint64:
@@ -41,6 +42,36 @@ def splitmix64(x: np.ndarray) -> np.ndarray:
 def place_hashes(salt: np.uint64, offsets: np.ndarray) -> np.ndarray:
     """Hashes of the documents at byte `offsets` of one file: distinct offsets, distinct hashes."""
     return splitmix64(splitmix64(offsets) ^ salt)
+
+
+def content_salt(seed: int, purpose: str) -> np.uint64:
+    """A 64-bit salt for hashes of content digests (with --dedup exact), from the seed and a purpose."""
+    digest = hashlib.blake2b(f"{seed}\0{purpose}\0content".encode(), digest_size=8).digest()
+    return np.uint64(int.from_bytes(digest, "little"))
+
+
+def content_hashes(salt: np.uint64, digests: np.ndarray) -> np.ndarray:
+    """Hashes of documents identified by their 128-bit content digests ((n, 2) uint64): the
+    same text gets the same hash wherever it was read, so all its copies meet."""
+    return splitmix64(splitmix64(digests[:, 0] ^ salt) ^ digests[:, 1])
+
+
+_COPY = np.uint64(0xD6E8FEB86659FD93)
+
+
+def copy_hashes(first: np.ndarray, copy_index: np.ndarray) -> np.ndarray:
+    """The order hash of copy k of a document whose first copy hashes to `first`: copy 0
+    keeps it, every other copy gets an independent one (a mixture repeats documents)."""
+    first = np.asarray(first, dtype=np.uint64)
+    copy_index = np.asarray(copy_index, dtype=np.uint64)
+    return np.where(copy_index == 0, first, splitmix64(first ^ splitmix64(copy_index ^ _COPY)))
+
+
+def below_threshold(hashes: np.ndarray, threshold: int) -> np.ndarray:
+    """True where a hash is below an integer threshold in [0, 2**64]: probability threshold / 2**64."""
+    if threshold >= 2**64:
+        return np.ones(hashes.shape, bool)
+    return hashes < np.uint64(threshold)
 
 
 def below_fraction(hashes: np.ndarray, fraction: float) -> np.ndarray:
@@ -64,5 +95,9 @@ def shard_of(order_hashes: np.ndarray, num_shards: int) -> np.ndarray:
 
 
 def shuffled_order(order_hashes: np.ndarray, salts: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    """Indices that sort documents by (hash, file salt, offset): a total, stable order."""
+    """Indices that sort documents by (hash, file salt, offset): a total, stable order.
+
+    With --dedup exact the two tie-breakers are the halves of the content digest, distinct
+    for distinct texts. Only the copies a mixture makes of one document tie, and they hold
+    the same tokens, so their relative order cannot change a byte."""
     return np.lexsort((offsets, salts, order_hashes))

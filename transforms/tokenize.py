@@ -15,6 +15,7 @@ import fsspec
 import numpy as np
 
 from transforms import tokenizer_backends as backends
+from transforms.dedup import content_digests
 from transforms.inputs import PARQUET, format_of
 from transforms.progress import ProgressFile
 from transforms.records import DocumentBatch, TokenizedBatch, narrowest_ids
@@ -147,8 +148,10 @@ def check_sample(batch: DocumentBatch, ids: np.ndarray, lengths: np.ndarray, enc
         raise backends.BackendMismatch(backends.describe_mismatch(info.backend, texts[k], want, got, where))
 
 
-def tokenize_batch(batch: DocumentBatch, encoder, info: TokenizerInfo, reference=None) -> TokenizedBatch:
-    """Tokenizes a batch; documents that tokenize to nothing are dropped and counted."""
+def tokenize_batch(batch: DocumentBatch, encoder, info: TokenizerInfo, reference=None,
+                   digests: bool = False) -> TokenizedBatch:
+    """Tokenizes a batch; documents that tokenize to nothing are dropped and counted. With
+    `digests` (--dedup exact), each kept document's content digest comes along."""
     ids, lengths = encoder(batch.texts)
     if reference is not None:
         check_sample(batch, ids, lengths, encoder, reference, info)
@@ -161,14 +164,17 @@ def tokenize_batch(batch: DocumentBatch, encoder, info: TokenizerInfo, reference
         lengths=lengths[kept],
         ids=narrowest_ids(ids),
         empty=int(np.count_nonzero(~kept)),
+        digests=content_digests([t for t, k in zip(batch.texts, kept.tolist()) if k]) if digests else None,
     )
 
 
 class TokenizeBatches(beam.DoFn):
     """DocumentBatch -> TokenizedBatch. The tokenizer is loaded once per worker, in setup()."""
 
-    def __init__(self, info: TokenizerInfo, storage_options: dict | None = None, progress_dir: str | None = None):
+    def __init__(self, info: TokenizerInfo, storage_options: dict | None = None, progress_dir: str | None = None,
+                 digests: bool = False):
         self._info = info
+        self._digests = digests
         self._storage_options = storage_options
         self._progress_dir = progress_dir
         self._encoder = self._reference = self._progress = None
@@ -178,7 +184,7 @@ class TokenizeBatches(beam.DoFn):
         self._progress = ProgressFile(self._progress_dir)
 
     def process(self, batch: DocumentBatch):
-        tokenized = tokenize_batch(batch, self._encoder, self._info, self._reference)
+        tokenized = tokenize_batch(batch, self._encoder, self._info, self._reference, self._digests)
         self._progress.add(tokens=int(tokenized.ids.size))
         yield tokenized
 

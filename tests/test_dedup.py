@@ -1,0 +1,132 @@
+"""Exact deduplication (--dedup exact) and overlapping inputs.
+
+Every distinct text must land exactly once, in one split only, whichever files and splits
+its copies come from. The expected set of texts is computed here (a Python set of the
+texts this test wrote) and checked by the shared independent checker."""
+import json
+import os
+from collections import Counter
+
+import pytest
+import zarr
+from tokenizers import Tokenizer
+
+from pipeline import verify
+from tests.helpers import SAMPLE, check_flat_tokens, run_pipeline, write_jsonl
+
+MULTI = ["--direct_num_workers=2", "--direct_running_mode=multi_processing"]
+
+
+def sample_texts() -> list[str]:
+    """Real text with real duplicates: the sample corpus holds 22 exact copies (and one empty document)."""
+    return [json.loads(line)["text"] for p in sorted(SAMPLE.glob("*.jsonl")) for line in open(p, encoding="utf-8")]
+
+
+def split_texts(out, split: str, tokenizer) -> Counter:
+    """The texts of a split's sequences, decoded by the test's own tokenizer (byte-level BPE is lossless)."""
+    g = zarr.open_group(str(out), mode="r")[split]
+    tokens, starts = g["encoded_tokens"][:] >> 1, g["seq_starts"][:]
+    tok = Tokenizer.from_file(str(tokenizer))
+    return Counter(tok.decode(tokens[a:b].tolist(), skip_special_tokens=False) for a, b in zip(starts[:-1], starts[1:]))
+
+
+def write_distinct(path, texts) -> str:
+    """The distinct non-empty texts, once each: what the checker must find in the output."""
+    write_jsonl(path, sorted({t for t in texts if t}))
+    return str(path)
+
+
+def test_every_distinct_text_lands_once_and_never_in_both_splits(tmp_path, bpe_tokenizer):
+    texts = sample_texts()
+    valid_own = [f"{t}\n\n(held out)" for t in texts[:40]]
+    train = {"a.jsonl": texts[0::2] + texts[200:260], "b.jsonl": texts[1::2] + texts[:5]}
+    valid = valid_own + texts[300:340] + valid_own[:3]  # 40 texts also in train, 3 repeated
+    for name, lines in train.items():
+        write_jsonl(tmp_path / "train" / name, lines)
+    write_jsonl(tmp_path / "valid.jsonl", valid)
+    out = tmp_path / "out.zarr"
+    run_pipeline("--input", tmp_path / "train", "--validation_input", tmp_path / "valid.jsonl", "--dedup", "exact",
+                 "--tokenizer", bpe_tokenizer, "--output", out, "--num_shards", "3")
+
+    everything = [t for lines in train.values() for t in lines] + valid
+    check_flat_tokens(out, "--input", write_distinct(tmp_path / "distinct.jsonl", everything),
+                      "--tokenizer", bpe_tokenizer)
+    got_train, got_valid = split_texts(out, "train", bpe_tokenizer), split_texts(out, "validation", bpe_tokenizer)
+    assert not set(got_train) & set(got_valid)
+    # A text read from a validation input is validation data, wherever else it also appears.
+    assert set(got_valid) == {t for t in valid if t}
+    assert set(got_train) == {t for t in everything if t} - set(valid)
+    stats = zarr.open_group(str(out), mode="r").attrs["stats"]
+    empty = sum(1 for t in everything if not t)
+    assert stats["duplicates"] == len(everything) - empty - len({t for t in everything if t})
+    assert stats["documents"] == len(everything) and stats["empty"] == empty
+    assert verify.verify_dataset(str(out)) == []
+
+
+def test_the_output_depends_only_on_the_distinct_texts(tmp_path, bpe_tokenizer):
+    """With a validation fraction, copies in other files (listed first or last, in another
+    order) change nothing: order and split come from each text's content. Also on two worker
+    processes and another shard count."""
+    texts = [t for t in sample_texts() if t]
+    write_jsonl(tmp_path / "one" / "x.jsonl", texts[:500])
+    write_jsonl(tmp_path / "one" / "y.jsonl", texts[500:])
+    write_jsonl(tmp_path / "more" / "0-copies.jsonl", texts[450:520][::-1] + texts[:30])
+    common = ["--dedup", "exact", "--tokenizer", bpe_tokenizer, "--validation_fraction", "0.2", "--seed", "11"]
+    run_pipeline("--input", tmp_path / "one", "--output", tmp_path / "a.zarr", *common)
+    run_pipeline("--input", tmp_path / "more", "--input", f"{tmp_path}/one/*.jsonl", "--input", tmp_path / "one",
+                 "--output", tmp_path / "b.zarr", "--num_shards", "5", "--batch_documents", "64", *common, *MULTI)
+    check_flat_tokens(tmp_path / "b.zarr", "--compare", tmp_path / "a.zarr", "--input",
+                      write_distinct(tmp_path / "distinct.jsonl", texts), "--tokenizer", bpe_tokenizer)
+    train, valid = split_texts(tmp_path / "b.zarr", "train", bpe_tokenizer), split_texts(tmp_path / "b.zarr",
+                                                                                          "validation", bpe_tokenizer)
+    assert not set(train) & set(valid) and 0.1 < len(valid) / (len(train) + len(valid)) < 0.3
+    stats = zarr.open_group(str(tmp_path / "b.zarr"), mode="r").attrs["stats"]
+    assert stats["duplicates"] == 2 * len(texts) + 100 - len(set(texts))
+
+
+def test_a_file_listed_twice_is_refused_without_dedup(tmp_path):
+    """What a new user tries: the same file as train and validation, or matched by two patterns."""
+    write_jsonl(tmp_path / "a.jsonl", ["first document", "second document"])
+    write_jsonl(tmp_path / "b.jsonl", ["third document"])
+    os.symlink(tmp_path / "a.jsonl", tmp_path / "link.jsonl")
+    common = ["--tokenizer", "bytes", "--output", tmp_path / "out.zarr"]
+    a = tmp_path / "a.jsonl"
+    cases = [
+        (["--input", a, "--validation_input", a], f"--input {a} and by --validation_input {a}"),
+        (["--input", a, "--input", f"{tmp_path}/*.jsonl"], f"--input {a} and by --input {tmp_path}/*.jsonl"),
+        (["--input", tmp_path / "b.jsonl", "--input", tmp_path / "link.jsonl", "--input", a],
+         f"--input {tmp_path / 'link.jsonl'} and by --input {a}"),
+    ]
+    for args, message in cases:
+        proc = run_pipeline(*args, *common, check=False)
+        assert proc.returncode == 2, (args, proc.stderr)
+        assert "is listed twice" in proc.stderr and message in proc.stderr and "--dedup exact" in proc.stderr
+        assert not (tmp_path / "out.zarr").exists()
+
+
+def test_a_file_listed_twice_is_read_once_with_dedup(tmp_path):
+    texts = [t for t in sample_texts() if t][:120]
+    write_jsonl(tmp_path / "a.jsonl", texts)
+    a = tmp_path / "a.jsonl"
+    run_pipeline("--input", a, "--dedup", "exact", "--tokenizer", "bytes", "--output", tmp_path / "once.zarr")
+    run_pipeline("--input", a, "--input", f"{tmp_path}/*.jsonl", "--dedup", "exact", "--tokenizer", "bytes",
+                 "--output", tmp_path / "twice.zarr")
+    check_flat_tokens(tmp_path / "twice.zarr", "--compare", tmp_path / "once.zarr")
+    # The same file as train and validation: its texts are validation data, so train is empty.
+    out = tmp_path / "both.zarr"
+    run_pipeline("--input", a, "--validation_input", a, "--dedup", "exact", "--tokenizer", "bytes", "--output", out)
+    check_flat_tokens(out, "--input", write_distinct(tmp_path / "distinct.jsonl", texts), "--tokenizer", "bytes")
+    stats = zarr.open_group(str(out), mode="r").attrs["stats"]
+    assert stats["train"]["sequences"] == 0 and stats["validation"]["sequences"] == len(set(texts))
+    assert stats["duplicates"] == 2 * len(texts) - len(set(texts))
+
+
+@pytest.mark.parametrize("dedup", ["none", "exact"])
+def test_identical_texts_inside_one_file(tmp_path, dedup):
+    write_jsonl(tmp_path / "a.jsonl", ["same", "other", "same", "same", ""])
+    out = tmp_path / "out.zarr"
+    run_pipeline("--input", tmp_path / "a.jsonl", "--dedup", dedup, "--tokenizer", "bytes", "--output", out,
+                 "--validation_fraction", "0")
+    stats = zarr.open_group(str(out), mode="r").attrs["stats"]
+    assert (stats["train"]["sequences"], stats["duplicates"], stats["empty"]) == \
+        ((2, 2, 1) if dedup == "exact" else (4, 0, 1))

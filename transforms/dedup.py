@@ -1,0 +1,125 @@
+"""DropDuplicates (--dedup exact): tokenized batches -> each distinct text once, with its split.
+
+    key every document by the shard of a hash of its content -> group by shard
+    -> in each shard, sort by content and keep one copy of each text -> decide its split
+
+A document's identity is a 128-bit blake2b digest of its UTF-8 text. A 64-bit hash would
+not do as an identity: among 1e9 documents, two different texts share a 64-bit hash with
+probability about n**2 / 2**65 = 2.7%; with 128 bits it is about 1.5e-21.
+
+All copies of a text hash alike, so they meet in one shard whatever file, range or source
+they were read from. The copy kept is the one at the smallest place (input index on the
+command line or in the mixture, path, byte offset): deterministic on any runner, and it
+only decides which source the text is credited to. The split does not depend on which copy
+was kept: a text goes to validation when any of its copies was read from a validation
+input or, for copies read from inputs split by --validation_fraction, when a seeded hash of
+its *content* says so (the same answer for every copy). So no text is ever in both splits.
+"""
+import hashlib
+
+import apache_beam as beam
+import numpy as np
+
+from transforms import mixture
+from transforms import shuffle_keys as keys
+from transforms.inputs import input_index
+from transforms.records import DedupPart, DistinctBatch, TokenizedBatch, narrowest_ids
+from transforms.shuffle import SPLITS, gather_segments
+
+COUNTS = "counts"
+_AUTO = 2  # a vote that the content hash decides
+
+
+def content_digests(texts: list[str]) -> np.ndarray:
+    """(n, 2) uint64: the 128-bit blake2b digest of each text's UTF-8 bytes."""
+    joined = b"".join(hashlib.blake2b(t.encode("utf-8"), digest_size=16).digest() for t in texts)
+    return np.frombuffer(joined, dtype="<u8").astype(np.uint64).reshape(-1, 2)
+
+
+def place_order(file_key: str) -> tuple[int, str]:
+    return input_index(file_key), file_key.split(":", 1)[1]
+
+
+def key_by_content(batch: TokenizedBatch, seed: int, num_shards: int):
+    """Yields (shard, DedupPart) for each dedup shard that the batch's documents hit."""
+    hashes = keys.content_hashes(keys.content_salt(seed, keys.ORDER), batch.digests)
+    shards = keys.shard_of(hashes, num_shards)
+    order = np.argsort(shards, kind="stable")
+    bounds = np.flatnonzero(np.diff(shards[order])) + 1
+    for members in np.split(order, bounds):
+        if members.size == 0:
+            continue
+        yield int(shards[members[0]]), DedupPart.of(
+            batch.file_key, batch.split, batch.offsets[members], batch.digests[members], batch.lengths[members],
+            gather_segments(batch.ids, batch.lengths, members))
+
+
+def drop_duplicates(keyed_parts, seed: int, validation_fraction: float, source_of_input: list[int] | None):
+    """(shard, DedupParts) -> one DistinctBatch of the shard's distinct texts, and (tagged
+    `counts`) the copies removed, in total and per source of the removed copy."""
+    _, parts = keyed_parts
+    parts = list(parts)
+    sizes = [p.lengths.size for p in parts]
+    digests = np.concatenate([p.digests for p in parts])
+    lengths = np.concatenate([p.lengths for p in parts])
+    offsets = np.concatenate([p.offsets for p in parts])
+    # A copy's place is (its file's rank among the shard's files, its offset): a total order
+    # that does not depend on the order in which the parts arrive.
+    rank = {key: i for i, key in enumerate(sorted({p.file_key for p in parts}, key=place_order))}
+    file_rank = np.repeat(np.array([rank[p.file_key] for p in parts], dtype=np.int64), sizes)
+    ids = np.concatenate([p.ids() for p in parts])
+
+    order = np.lexsort((offsets, file_rank, digests[:, 1], digests[:, 0]))
+    sorted_digests = digests[order]
+    first = np.ones(order.size, bool)
+    first[1:] = np.any(sorted_digests[1:] != sorted_digests[:-1], axis=1)
+    starts = np.flatnonzero(first)
+    kept, removed = order[starts], order[~first]
+
+    votes = np.repeat(np.array([_vote(p.split) for p in parts], dtype=np.int8), sizes)
+    auto = votes == _AUTO
+    if auto.any():
+        split_hashes = keys.content_hashes(keys.content_salt(seed, keys.SPLIT), digests[auto])
+        votes[auto] = keys.below_fraction(split_hashes, validation_fraction)
+    splits = np.maximum.reduceat(votes[order], starts)  # validation when any copy says so
+
+    if source_of_input is None:
+        sources = np.zeros(order.size, dtype=np.int64)
+    else:
+        sources = np.repeat(np.array([source_of_input[input_index(p.file_key)] for p in parts], dtype=np.int64),
+                            sizes)
+    yield DistinctBatch(digests=digests[kept], splits=splits.astype(np.int8), sources=sources[kept],
+                        lengths=lengths[kept], ids=narrowest_ids(gather_segments(ids, lengths, kept)))
+    counts = {"duplicates": int(removed.size)}
+    if source_of_input is not None:
+        for source, n in enumerate(np.bincount(sources[removed], minlength=max(source_of_input) + 1).tolist()):
+            counts[mixture.source_key(source, mixture.DUPLICATES)] = n
+    yield beam.pvalue.TaggedOutput(COUNTS, counts)
+
+
+def _vote(split: str) -> int:
+    return _AUTO if split == "auto" else SPLITS.index(split)
+
+
+class DropDuplicates(beam.PTransform):
+    """TokenizedBatches with content digests -> DistinctBatches (main output `batches`) and
+    count dicts (`counts`: the removed copies)."""
+
+    def __init__(self, seed: int, validation_fraction: float, num_shards: int,
+                 source_of_input: list[int] | None = None):
+        super().__init__()
+        self._seed = seed
+        self._validation_fraction = validation_fraction
+        self._num_shards = num_shards
+        self._source_of_input = source_of_input
+
+    def expand(self, batches):
+        return (
+            batches
+            | "KeyByContent" >> beam.FlatMap(key_by_content, self._seed, self._num_shards)
+            .with_output_types(tuple[int, DedupPart])
+            | "GroupByContent" >> beam.GroupByKey()
+            | "KeepOneCopy" >> beam.FlatMap(drop_duplicates, self._seed, self._validation_fraction,
+                                            self._source_of_input)
+            .with_outputs(COUNTS, main="batches")
+        )
