@@ -255,7 +255,14 @@ class FlatTokensOptions(PipelineOptions):
 
 def check_options(o: FlatTokensOptions) -> None:
     """Raises OptionError for a missing or out-of-range value, naming the option."""
-    for name in ("input", "output", "tokenizer"):
+    if o.input and o.mixture:
+        raise OptionError("--input and --mixture cannot be combined: list every input as a source of the mixture")
+    if not o.input and not o.mixture:
+        raise OptionError("--input is required (or --mixture, a file of weighted sources)")
+    if o.mixture and o.validation_input:
+        raise OptionError("--validation_input cannot be combined with --mixture: give each source its own "
+                          "validation_input in the mixture file")
+    for name in ("output", "tokenizer"):
         if not getattr(o, name):
             raise OptionError(f"--{name} is required")
     if o.validation_fraction is not None and not 0 <= o.validation_fraction < 1:
