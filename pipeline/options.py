@@ -48,8 +48,9 @@ class Template:
 
     kind: what a value may be; it sets the parameter type and the validation regex
         (pipeline/template_metadata.py, KINDS): text, int, count (>= 0), positive_int,
-        fraction ([0, 1]), fraction_below_1 ([0, 1)), flag (true|false), choice, gcs_read (a gs://
-        file, folder or glob), gcs_write (a gs:// path to create), tokenizer.
+        fraction ([0, 1]), fraction_below_1 ([0, 1)), flag (true|false), choice, gcs_file (one gs://
+        file, no glob), gcs_read (a gs:// file, folder or glob), gcs_write (a gs:// path to create),
+        tokenizer.
     help: when the parameter means less than the option (one value, on Cloud Storage); else
         the option's help is used.
     choices: kind choice: (value, label, description) for each value the template offers.
@@ -96,7 +97,7 @@ OPTIONS: tuple[Option, ...] = (
            help="a YAML or JSON file (local or gs://) listing weighted sources, instead of --input: each "
                 "source's share of the train tokens and how often its documents may be reused (README: "
                 "'Mixtures of several sources')",
-           template=Template("Mixture file (instead of input)", "gcs_read",
+           template=Template("Mixture file (instead of input)", "gcs_file",
                              example="gs://my-bucket/mixtures/web-code.yaml",
                              help="A YAML or JSON file on Cloud Storage listing weighted sources, instead of "
                                   "input: each source's name, input (files or globs), weight (its share of the "

@@ -83,6 +83,8 @@ KINDS = {
     "flag": ("BOOLEAN", "^(true|false)$"),
     "choice": ("ENUM", None),  # the regex lists the choices
     "gcs_read": ("GCS_READ_FILE", f"^gs://{BUCKET}/[^\n\r]*[^{SPACE}]$"),
+    # one file: no wildcard (* ?), not a folder
+    "gcs_file": ("GCS_READ_FILE", f"^gs://{BUCKET}/[^\n\r*?]*[^{SPACE}/*?]$"),
     "gcs_write": ("GCS_WRITE_FOLDER", f"^gs://{BUCKET}/[{WRITE_PATH}]+$"),
     "tokenizer": ("TEXT", f"^(bytes|gs://{BUCKET}/[^{SPACE}]*[^{SPACE}/]|https://[^{SPACE}]+|{_hub_name()})$"),
 }

@@ -114,7 +114,7 @@ KIND_SAMPLES = {
     "gcs_read": GCS_INPUTS, "gcs_write": SAMPLES["output"], "tokenizer": SAMPLES["tokenizer"],
     "int": SAMPLES["seed"], "count": NON_NEGATIVE_INT, "positive_int": POSITIVE_INT,
     "fraction": SAMPLES["max_rejected_fraction"], "fraction_below_1": SAMPLES["validation_fraction"],
-    "flag": SAMPLES["overwrite"],
+    "flag": SAMPLES["overwrite"], "gcs_file": SAMPLES["mixture"],
 }
 
 
