@@ -94,8 +94,8 @@ def copies_of(doc: DocumentKeys, sampling) -> np.ndarray:
     return np.where(doc.split == 0, whole + extra, 1)
 
 
-def split_and_shard(batch: TokenizedBatch | DistinctBatch, seed: int, validation_fraction: float, num_shards: dict[str, int],
-                    sampling=None, source_of_input: list[int] | None = None):
+def split_and_shard(batch: TokenizedBatch | DistinctBatch, seed: int, validation_fraction: float,
+                    num_shards: dict[str, int], sampling=None, source_of_input: list[int] | None = None):
     """Yields ((split, shard), ShardPart) for each (split, shard) that the batch's documents
     (and with a mixture's `sampling`, their copies: each with its own place) hit."""
     doc = document_keys(batch, seed, validation_fraction, source_of_input)
