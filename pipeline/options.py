@@ -49,7 +49,8 @@ class FlatTokensOptions(PipelineOptions):
         g = parser.add_argument_group("output")
         g.add_argument("--output", default=None, help="the zarr group to create (local path or gs:// URL)")
         g.add_argument("--overwrite", action="store_true", default=False,
-                       help="replace an existing --output (it is uncommitted first, then deleted)")
+                       help="replace an existing --output written by this tool, or an empty directory; never "
+                            "anything else (it is uncommitted first, then deleted)")
         g.add_argument("--rejected_output", default=None,
                        help="directory for the rejected-lines report (file, line, reason, excerpt); "
                             "default: OUTPUT.rejected, next to the zarr group")

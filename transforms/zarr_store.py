@@ -4,7 +4,8 @@ The commit protocol: each split (`OUTPUT/train`, `OUTPUT/validation`) is created
 of its own store, so creating its arrays writes no metadata at `OUTPUT` itself. The root
 group's metadata (`.zgroup`/`.zattrs`, or `zarr.json`) is written last, with the provenance
 and `"complete": true`. Until then zarr cannot open `OUTPUT` as a group and
-`pipeline.verify` reports an unfinished run.
+`pipeline.verify` reports an unfinished run. Before any of this, the run claims the output
+(`transforms/ownership.py`): only this tool's own output is ever replaced.
 """
 import logging
 import posixpath
