@@ -7,7 +7,6 @@ import asyncio
 import atexit
 import contextlib
 import gzip
-import io
 import posixpath
 import sys
 import weakref
@@ -137,8 +136,7 @@ def open_input(f: InputFile, storage_options: dict | None = None):
 def _open_compressed(f: InputFile, storage_options: dict | None):
     if f.compression == "zstd":
         with fsspec.open(f.url, "rb", **(storage_options or {})) as raw:
-            with io.BufferedReader(CheckedZstdReader(raw), 1 << 20) as fh:
-                yield UpToTheBreak(fh)
+            yield UpToTheBreak(CheckedZstdReader(raw))
     else:
         with fsspec.open(f.url, "rb", compression=f.compression, **(storage_options or {})) as fh:
             yield UpToTheBreak(fh)
@@ -177,35 +175,32 @@ class UpToTheBreak:
         return b"".join(pieces)
 
 
-class CheckedZstdReader(io.RawIOBase):
+class CheckedZstdReader:
     """Zstandard frames (one or more, as `zstd` and `pzstd` write them), decompressed; raises
     EOFError when the input ends inside a frame."""
 
     RAW_BLOCK = 1 << 18
 
     def __init__(self, raw):
-        super().__init__()
         self._raw = raw
         self._dctx = zstandard.ZstdDecompressor()
         self._frame = None  # the decompressor of the current frame
         self._out = b""
         self._pos = 0
 
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer) -> int:
+    def read(self, n: int = -1) -> bytes:
+        """Up to `n` bytes (fewer at the end of a decompressed block); b"" at the end."""
         while self._pos >= len(self._out):
             data = self._raw.read(self.RAW_BLOCK)
             if not data:
                 if self._frame is not None and not self._frame.eof:
                     raise EOFError("Compressed file ended before the end-of-stream marker was reached")
-                return 0
+                return b""
             self._out, self._pos = self._decompress(data), 0
-        n = min(len(buffer), len(self._out) - self._pos)
-        buffer[:n] = self._out[self._pos:self._pos + n]
-        self._pos += n
-        return n
+        end = len(self._out) if n < 0 else min(len(self._out), self._pos + n)
+        piece = self._out[self._pos:end] if (self._pos, end) != (0, len(self._out)) else self._out
+        self._pos = end
+        return piece
 
     def _decompress(self, data: bytes) -> bytes:
         pieces = []

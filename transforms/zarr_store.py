@@ -8,6 +8,7 @@ and `"complete": true`. Until then zarr cannot open `OUTPUT` as a group and
 (`transforms/ownership.py`): only this tool's own output is ever replaced.
 """
 import logging
+import os
 import posixpath
 from dataclasses import dataclass, field
 
@@ -71,7 +72,8 @@ def make_store(url: str, storage_options: dict | None = None, read_only: bool = 
     if _is_remote(url):
         return zarr.storage.FsspecStore.from_url(url, storage_options=storage_options or {}, read_only=read_only)
     path = url[len("file://"):] if url.startswith("file://") else url
-    return zarr.storage.LocalStore(path, read_only=read_only)
+    # `~` as fsspec (and so the ownership checks) reads it, not a directory named "~".
+    return zarr.storage.LocalStore(os.path.expanduser(path), read_only=read_only)
 
 
 def filesystem(url: str, storage_options: dict | None = None):
