@@ -127,8 +127,8 @@ def build_pipeline(p: beam.Pipeline, plan: JobPlan):
     created = (
         p
         | "Once" >> beam.Create([None], reshuffle=False)
-        | "CreateOutput" >> beam.ParDo(CreateOutput(plan.target, plan.overwrite, plan.rejected_url, plan.expected_owner),
-                                       singleton(layout)))
+        | "CreateOutput" >> beam.ParDo(
+            CreateOutput(plan.target, plan.overwrite, plan.rejected_url, plan.expected_owner), singleton(layout)))
     reports = corpus.rejected | "ReportRejectedLines" >> WriteRejectedLines(
         plan.rejected_url, beam.pvalue.AsList(corpus.line_counts), singleton(created), so, plan.target.run_id)
     ready = counts | "CheckRejectedFraction" >> beam.ParDo(

@@ -48,7 +48,8 @@ def digest(path) -> dict:
 
 @pytest.fixture
 def small_input(tmp_path):
-    return write_jsonl(tmp_path / "in" / "docs.jsonl", [f"document number {i}, " + "word " * (i % 7) for i in range(60)])
+    texts = [f"document number {i}, " + "word " * (i % 7) for i in range(60)]
+    return write_jsonl(tmp_path / "in" / "docs.jsonl", texts)
 
 
 def users_home(root):

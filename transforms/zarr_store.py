@@ -116,9 +116,10 @@ def prepare_output(target: StoreTarget, overwrite: bool, expected_owner: tuple =
         if state.kind == "dataset" and not overwrite:
             raise OutputError(f"--output {target.url}: exists and is not empty; pass --overwrite to replace it, "
                               f"or choose another path")
-        if state.kind == "dataset" and state.committed:
-            logging.getLogger("flat_tokens").warning("flat-tokens: --overwrite: replacing %s at %s", ownership.describe_owner(state), target.url)
         ownership.claim(target.url, target.run_id, state.owner[0] + 1, so)
+        if state.kind == "dataset" and state.committed:
+            logging.getLogger("flat_tokens").warning("flat-tokens: --overwrite: replacing %s at %s",
+                                                     ownership.describe_owner(state), target.url)
     replaced = ownership.remove_replaced(target.url, target.run_id, so)
     if state.owner[0] == 0 and state.owner[1] and state.owner[1] != target.run_id:
         replaced.append(state.owner[1])  # a dataset of an earlier version: its run id is in its attributes
