@@ -258,11 +258,12 @@ def claim(url: str, run_id: str, generation: int, storage_options: dict | None =
     try:
         fs.pipe_file(claim_path, body, mode="create")
     except FileExistsError:
-        holder = (_read_json(fs, claim_path) or {}).get("run_id")
-        if holder != run_id:
-            raise OutputTaken(f"--output {url}: run {holder} claimed it first (both runs found the same output); "
-                              f"this run stops without touching it") from None
+        pass  # another run's, or this run's own from an earlier attempt of this step: read it
     fs.invalidate_cache(path)
+    holder = (_read_json(fs, claim_path) or {}).get("run_id")
+    if holder != run_id:
+        raise OutputTaken(f"--output {url}: run {holder} claimed it first (both runs found the same output); "
+                          f"this run stops without touching it")
 
 
 def check_owner(url: str, run_id: str, storage_options: dict | None = None, doing: str = "writing") -> None:
