@@ -24,11 +24,13 @@ setup(
         "zarr>=3.1,<4",
         "numcodecs>=0.15",
         "numpy>=1.26",
-        "fsspec>=2024.6",
-        "gcsfs>=2024.6",
+        # Exclusive creation (pipe_file(mode="create"): O_EXCL locally, ifGenerationMatch=0 on
+        # GCS) claims an output for one run (transforms/ownership.py): fsspec and gcsfs 2025.3+.
+        "fsspec>=2025.3",
+        "gcsfs>=2025.3",
         # orjson parses JSON lines ~5x faster than json; json stays the reference semantics.
         "orjson>=3.9",
-        # .zst inputs are decompressed by fsspec through zstandard.
+        # .zst inputs are decompressed through zstandard (transforms/inputs.py: CheckedZstdReader).
         "zstandard>=0.22",
         # --mixture files are YAML (Beam depends on PyYAML already; we import it ourselves).
         "pyyaml>=5.4",

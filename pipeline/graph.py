@@ -58,6 +58,7 @@ class JobPlan:
     rejected_url: str
     input_bytes: int = 0
     progress_dir: str | None = None  # local runs only: where workers leave progress totals
+    expected_owner: tuple = (0, "")  # (claim generation, run id) the launcher found at the output
     provenance: dict = field(default_factory=dict)
     row_groups: list[RowGroup] = field(default_factory=list)  # of the Parquet files, from their footers
     dedup_shards: int | None = None  # --dedup exact: shards of the dedup shuffle; None: no dedup
@@ -221,9 +222,10 @@ def build_pipeline(p: beam.Pipeline, plan: JobPlan):
     created = (
         p
         | "Once" >> beam.Create([None], reshuffle=False)
-        | "CreateOutput" >> beam.ParDo(CreateOutput(plan.target, plan.overwrite, plan.rejected_url), singleton(layout)))
+        | "CreateOutput" >> beam.ParDo(
+            CreateOutput(plan.target, plan.overwrite, plan.rejected_url, plan.expected_owner), singleton(layout)))
     reports = corpus.rejected | "ReportRejectedLines" >> WriteRejectedLines(
-        plan.rejected_url, beam.pvalue.AsList(corpus.line_counts), singleton(created), so)
+        plan.rejected_url, beam.pvalue.AsList(corpus.line_counts), singleton(created), so, plan.target.run_id)
     ready = counts | "CheckRejectedFraction" >> beam.ParDo(
         CheckRejectedFraction(plan.max_rejected_fraction, plan.rejected_url),
         beam.pvalue.AsList(reports), singleton(created))

@@ -157,10 +157,12 @@ OPTIONS: tuple[Option, ...] = (
                              help="The zarr group to create on Cloud Storage. The job refuses to start when it "
                                   "exists and is not empty (unless overwrite=true)")),
     Option(name="overwrite", group="output", type=bool,
-           help="replace an existing --output (it is uncommitted first, then deleted)",
+           help="replace an existing --output written by this tool, or an empty directory; never anything "
+                "else (it is uncommitted first, then deleted)",
            template=Template("Replace an existing output", "flag",
-                             help="true to replace an existing output (it is uncommitted first, then deleted); "
-                                  "with false the job refuses to touch an existing non-empty output")),
+                             help="true to replace an existing output written by this tool (it is uncommitted "
+                                  "first, then deleted); anything else at the path is refused. With false the "
+                                  "job refuses to touch an existing non-empty output")),
     Option(name="rejected_output", group="output", default_text="OUTPUT.rejected",
            help="directory for the rejected-lines report (file, line, reason, excerpt); "
                 "OUTPUT.rejected is next to the zarr group",

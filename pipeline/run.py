@@ -8,6 +8,7 @@ before any data was read.
 import contextlib
 import json
 import logging
+import os
 import sys
 import tempfile
 import time
@@ -23,6 +24,7 @@ from pipeline.options import FlatTokensOptions, OptionError, check_options, help
 from transforms import zarr_store
 from transforms.inputs import InputError
 from transforms.mixture import source_table
+from transforms.ownership import refuse_overlaps
 from transforms.progress import ProgressLogger
 from transforms.tokenize import TokenizerError
 
@@ -126,6 +128,11 @@ def _submitted(result, ft: FlatTokensOptions) -> int:
     return 0
 
 
+def _tokenizer_file(spec: str) -> list[str]:
+    """The tokenizer's file, when it is one (not `bytes` or a hub name)."""
+    return [spec] if spec != "bytes" and ("://" in spec or os.path.exists(spec)) else []
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--help" in argv or "-h" in argv:
@@ -139,8 +146,11 @@ def main(argv=None) -> int:
         if unknown:
             raise OptionError(f"unknown option {unknown[0]}; see --help")
         check_options(ft)
+        found = zarr_store.refuse_occupied(ft.output, ft.overwrite)  # before any data is read
         plan = plan_job(ft)
-        zarr_store.refuse_occupied(plan.target, ft.overwrite)  # fail now, not after hours of tokenizing
+        plan.expected_owner = found.owner  # CreateOutput replaces only this, or stops
+        inputs = [f.url for f in plan.files] + _tokenizer_file(ft.tokenizer) + ([ft.mixture] if ft.mixture else [])
+        refuse_overlaps(ft.output, inputs, plan.rejected_url)
         zarr_store.check_writable(plan.target)
     except (OptionError, InputError, TokenizerError, zarr_store.OutputError) as e:
         return _fail(str(e), USAGE_ERROR)

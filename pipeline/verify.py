@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import posixpath
 import sys
 from dataclasses import dataclass
 
@@ -36,6 +37,7 @@ import numpy as np
 import zarr
 
 from transforms.inputs import close_gcs_sessions_at_exit
+from transforms.ownership import CLAIM_PREFIX, conflicts
 
 # After `import zarr`, so gcsfs sessions on zarr's event loop close before zarr stops it.
 close_gcs_sessions_at_exit()
@@ -80,14 +82,15 @@ def check_dataset(url: str, *, block: int = DEFAULT_BLOCK, storage_options: dict
     if block < 1:
         raise ValueError(f"block must be >= 1, is {block}")
     root = open_root(url, storage_options)
+    conflicts = check_conflicts(url, storage_options)
     if root is None:
-        return [UNFINISHED], {}
+        return [UNFINISHED] + conflicts, {}
     attrs = dict(root.attrs)
     unfinished = check_commit(attrs)
     if unfinished:
         # Data of an unfinished run may be half written: checking it would only add noise.
-        return [unfinished], {}
-    problems = check_format(attrs)
+        return [unfinished] + conflicts, {}
+    problems = conflicts + check_format(attrs)
     summaries: dict[str, SplitSummary] = {}
     for name in SPLITS:
         if name not in root:
@@ -127,9 +130,17 @@ def open_root(url: str, storage_options: dict | None = None) -> zarr.Group | Non
     except Exception as e:
         # The root metadata is written last, so split children without it mean a crashed run.
         base = path.rstrip("/")
-        if any(fs.exists(f"{base}/{name}") for name in SPLITS):
-            return None
+        if any(fs.exists(f"{base}/{name}") for name in SPLITS) or \
+                any(posixpath.basename(p).startswith(CLAIM_PREFIX) for p in fs.ls(base, detail=False)):
+            return None  # split groups, or only the claim a run writes first
         raise CannotOpen(f"{url} is not a zarr group ({type(e).__name__}: {e})") from None
+
+
+def check_conflicts(url: str, storage_options: dict | None = None) -> list[str]:
+    """A conflict record means another run may have written into this output (see
+    transforms/ownership.py): its data cannot be trusted, whatever the arrays say."""
+    return [f"conflict record {name}: another run may have written into this output while it was being "
+            f"written; rerun with --overwrite" for name in conflicts(url, storage_options)]
 
 
 def check_commit(attrs: dict) -> str | None:

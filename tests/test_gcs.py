@@ -69,11 +69,14 @@ def test_in_process_runner_reads_and_writes_gs(gcs, gs_direct, local_run, tmp_pa
 
 
 def test_two_worker_processes_overwrite_gs_output(gcs, gcs_corpus, local_run, tmp_path):
-    # An occupied output, replaced with --overwrite by workers in other processes.
-    gcs.fs.pipe(f"{BUCKET}/out-mp.zarr/stale.txt", b"from an earlier run")
+    # An earlier run's unfinished output (its claim and a chunk), replaced with --overwrite by
+    # workers in other processes. (Anything not this tool's would be refused: test_output_safety.)
+    gcs.fs.pipe({f"{BUCKET}/out-mp.zarr/.flat-tokens-run.1": b'{"run_id": "an-earlier-run"}',
+                 f"{BUCKET}/out-mp.zarr/train/encoded_tokens/0": b"from an earlier run"})
     proc = gs_run(gcs, "out-mp.zarr", "--overwrite", *MULTI_PROCESS)
     assert_quiet(proc.stderr)
-    assert not gcs.fs.exists(f"{BUCKET}/out-mp.zarr/stale.txt")
+    gcs.fs.invalidate_cache()
+    assert not gcs.fs.exists(f"{BUCKET}/out-mp.zarr/.flat-tokens-run.1")
     check_flat_tokens(fetch(gcs, "out-mp.zarr", tmp_path / "out-mp.zarr"), "--compare", local_run)
 
 

@@ -5,13 +5,17 @@ before any worker starts) and is a pure function of the file listing.
 """
 import asyncio
 import atexit
+import contextlib
+import gzip
 import os
 import posixpath
 import sys
 import weakref
+import zlib
 from dataclasses import dataclass
 
 import fsspec
+import zstandard
 from fsspec.core import url_to_fs
 
 GLOB_CHARS = "*?["
@@ -163,12 +167,106 @@ def read_ranges(files: list[InputFile], range_bytes: int) -> list[ReadRange]:
     return ranges
 
 
-def open_input(f: InputFile, storage_options: dict | None = None) -> fsspec.core.OpenFile:
+def open_input(f: InputFile, storage_options: dict | None = None):
     """The (decompressed) content of an input file, to use as `with open_input(f) as fh:`
     (fh is a binary file object). Leaving the `with` closes the decompressor *and* the
     storage file under it: closing a GzipFile alone would leave a gcsfs file, and its
-    background prefetch task, open."""
-    return fsspec.open(f.url, "rb", compression=f.compression, **(storage_options or {}))
+    background prefetch task, open. Data that ends inside a compressed stream raises
+    EOFError (gzip does; zstd is read by CheckedZstdReader, because zstandard's stream
+    reader returns the truncated data as if it were whole)."""
+    if f.compression:
+        return _open_compressed(f, storage_options)
+    return fsspec.open(f.url, "rb", **(storage_options or {}))
+
+
+@contextlib.contextmanager
+def _open_compressed(f: InputFile, storage_options: dict | None):
+    if f.compression == "zstd":
+        with fsspec.open(f.url, "rb", **(storage_options or {})) as raw:
+            yield UpToTheBreak(CheckedZstdReader(raw))
+    else:
+        with fsspec.open(f.url, "rb", compression=f.compression, **(storage_options or {})) as fh:
+            yield UpToTheBreak(fh)
+
+
+class UpToTheBreak:
+    """A decompressed stream that delivers the data before a break in the compressed input
+    (truncation, corruption) first, and raises the error on the next read: so every whole
+    line before the break is read, and the error can say where the break is."""
+
+    STEP = 1 << 16
+
+    def __init__(self, fh):
+        self._fh = fh
+        self._error = None
+
+    def seekable(self) -> bool:
+        return False
+
+    def read(self, n: int = -1) -> bytes:
+        if self._error is not None:
+            raise self._error
+        pieces, size = [], 0
+        while n < 0 or size < n:
+            try:
+                piece = self._fh.read(self.STEP if n < 0 else min(self.STEP, n - size))
+            except COMPRESSED_DATA_ERRORS as e:
+                if not pieces:
+                    raise
+                self._error = e
+                break
+            if not piece:
+                break
+            pieces.append(piece)
+            size += len(piece)
+        return b"".join(pieces)
+
+
+class CheckedZstdReader:
+    """Zstandard frames (one or more, as `zstd` and `pzstd` write them), decompressed; raises
+    EOFError when the input ends inside a frame."""
+
+    RAW_BLOCK = 1 << 18
+
+    def __init__(self, raw):
+        self._raw = raw
+        self._dctx = zstandard.ZstdDecompressor()
+        self._frame = None  # the decompressor of the current frame
+        self._out = b""
+        self._pos = 0
+
+    def read(self, n: int = -1) -> bytes:
+        """Up to `n` bytes (fewer at the end of a decompressed block); b"" at the end."""
+        while self._pos >= len(self._out):
+            data = self._raw.read(self.RAW_BLOCK)
+            if not data:
+                if self._frame is not None and not self._frame.eof:
+                    raise EOFError("Compressed file ended before the end-of-stream marker was reached")
+                return b""
+            self._out, self._pos = self._decompress(data), 0
+        end = len(self._out) if n < 0 else min(len(self._out), self._pos + n)
+        piece = self._out[self._pos:end] if (self._pos, end) != (0, len(self._out)) else self._out
+        self._pos = end
+        return piece
+
+    def _decompress(self, data: bytes) -> bytes:
+        pieces = []
+        while data:
+            if self._frame is None or self._frame.eof:
+                self._frame = self._dctx.decompressobj()
+            pieces.append(self._frame.decompress(data))
+            data = self._frame.unused_data if self._frame.eof else b""
+        return b"".join(pieces)
+
+
+# Errors of a compressed input that is truncated or corrupt.
+COMPRESSED_DATA_ERRORS = (EOFError, zlib.error, gzip.BadGzipFile, zstandard.ZstdError)
+
+
+def corrupt_input_message(f: InputFile, reached: int, lines: int, error: Exception) -> str:
+    """Names the file and how far it was read: the uncompressed offset and the last whole line."""
+    return (f"input {f.url}: the compressed data is truncated or corrupt after uncompressed byte {reached} "
+            f"(line {lines} was the last whole line): {type(error).__name__}: {error}")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -6,7 +6,8 @@ import apache_beam as beam
 import numpy as np
 
 from transforms import jsonl
-from transforms.inputs import ReadRange, open_input
+from transforms.inputs import (COMPRESSED_DATA_ERRORS, InputError, ReadRange, corrupt_input_message,
+                              open_input)
 from transforms.progress import ProgressFile
 from transforms.records import DocumentBatch
 
@@ -19,14 +20,25 @@ def peek_documents(files, count: int, text_key: str, storage_options: dict | Non
     """The first `count` documents of the input, in file order (for checks before the run)."""
     texts = []
     for f in files:
-        with open_input(f, storage_options) as fh:
-            for _, raw in jsonl.iter_lines(fh):
-                text, _ = jsonl.parse_line(raw, f.text_key or text_key)
-                if text is not None:
-                    texts.append(text)
-                    if len(texts) >= count:
-                        return texts
+        reached = lines = 0
+        try:
+            with open_input(f, storage_options) as fh:
+                for offset, raw in jsonl.iter_lines(fh):
+                    reached, lines = offset + len(raw) + 1, lines + 1
+                    text, _ = jsonl.parse_line(raw, f.text_key or text_key)
+                    if text is not None:
+                        texts.append(text)
+                        if len(texts) >= count:
+                            return texts
+        except COMPRESSED_DATA_ERRORS as e:
+            if not f.compression:
+                raise
+            raise InputError(corrupt_input_message(f, reached, lines, e)) from None
     return texts
+
+
+class CorruptInput(RuntimeError):
+    """A compressed input file ends early or is corrupt; the message names it."""
 
 
 class ReadRangeFn(beam.DoFn):
@@ -66,27 +78,34 @@ class ReadRangeFn(beam.DoFn):
             return done
 
         text_key = rng.file.text_key or self._text_key
-        with open_input(rng.file, self._storage_options) as f:
-            for offset, raw in jsonl.iter_lines(f, rng.start, rng.stop):
-                counts["lines"] += 1
-                line_bytes += len(raw) + 1
-                text, reason = jsonl.parse_line(raw, text_key)
-                if text is not None:
-                    offsets.append(offset)
-                    texts.append(text)
-                    text_bytes += len(text)
-                    if text_bytes >= self._batch_bytes or len(texts) >= self._batch_documents:
-                        yield batch()
-                elif reason is None:
-                    counts["blank"] += 1
-                else:
-                    counts["rejected"] += 1
-                    counts["rejected:" + reason] += 1
-                    yield beam.pvalue.TaggedOutput(REJECTED, {
-                        "file": rng.file.url, "file_key": rng.file.key, "range_start": rng.start,
-                        "line_in_range": counts["lines"], "offset": offset, "reason": reason,
-                        "excerpt": jsonl.excerpt(raw),
-                    })
+        reached = rng.start  # the uncompressed offset after the last whole line: named if the file breaks
+        try:
+            with open_input(rng.file, self._storage_options) as f:
+                for offset, raw in jsonl.iter_lines(f, rng.start, rng.stop):
+                    counts["lines"] += 1
+                    line_bytes += len(raw) + 1
+                    reached = offset + len(raw) + 1
+                    text, reason = jsonl.parse_line(raw, text_key)
+                    if text is not None:
+                        offsets.append(offset)
+                        texts.append(text)
+                        text_bytes += len(text)
+                        if text_bytes >= self._batch_bytes or len(texts) >= self._batch_documents:
+                            yield batch()
+                    elif reason is None:
+                        counts["blank"] += 1
+                    else:
+                        counts["rejected"] += 1
+                        counts["rejected:" + reason] += 1
+                        yield beam.pvalue.TaggedOutput(REJECTED, {
+                            "file": rng.file.url, "file_key": rng.file.key, "range_start": rng.start,
+                            "line_in_range": counts["lines"], "offset": offset, "reason": reason,
+                            "excerpt": jsonl.excerpt(raw),
+                        })
+        except COMPRESSED_DATA_ERRORS as e:
+            if not rng.file.compression:
+                raise
+            raise CorruptInput(corrupt_input_message(rng.file, reached, counts["lines"], e)) from None
         if texts:
             yield batch()
         yield beam.pvalue.TaggedOutput(LINE_COUNTS, (rng.file.key, rng.start, counts["lines"]))

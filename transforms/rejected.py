@@ -2,15 +2,18 @@
 that fails the job.
 
 Each input range that had rejected lines gets one JSONL report file in the rejected-lines
-directory (outside the zarr group), named by a hash of (file, range start) so a retried
-bundle rewrites the same file with the same bytes. A line's 1-based number is its index in
-its range plus the line counts of the ranges before it in the same file (a side input),
-because ranges of one file are read by different workers. A Parquet row group is a range
+directory (outside the zarr group), named by the run id and a hash of (file, range start)
+(`rejected-<run id>-<hash>.jsonl`), so a retried bundle rewrites the same file with the
+same bytes. Only report files of the runs whose output this run replaced, recognised by
+that exact name, are ever deleted there: anything else in the directory stays. A line's
+1-based number is its index in its range plus the line counts of the ranges before it in
+the same file (a side input), because ranges of one file are read by different workers. A Parquet row group is a range
 whose start is its index; its rows' indices are known without the side input.
 """
 import hashlib
 import json
 import posixpath
+import re
 from collections import defaultdict
 
 import apache_beam as beam
@@ -27,8 +30,13 @@ class TooManyRejectedLines(RuntimeError):
     pass
 
 
-def report_name(file_key: str, range_start: int) -> str:
-    return f"rejected-{hashlib.sha1(f'{file_key}@{range_start}'.encode()).hexdigest()[:16]}.jsonl"
+def report_name(run_id: str, file_key: str, range_start: int) -> str:
+    return f"rejected-{run_id}-{hashlib.sha1(f'{file_key}@{range_start}'.encode()).hexdigest()[:16]}.jsonl"
+
+
+def is_report_of(name: str, run_id: str) -> bool:
+    """Whether `name` is exactly a report file name this tool gives run `run_id`'s reports."""
+    return bool(run_id) and re.fullmatch(f"rejected-{re.escape(run_id)}-[0-9a-f]{{16}}\\.jsonl", name) is not None
 
 
 def lines_before(line_counts: list[tuple[str, int, int]]) -> dict[tuple[str, int], int]:
@@ -55,19 +63,24 @@ def report_row(record: dict, lines_before: int) -> dict:
             "reason": record["reason"], "excerpt": record["excerpt"]}
 
 
-def clear_reports(url: str, storage_options: dict | None = None) -> None:
-    """Deletes the report files of an earlier run (and only those) from the directory."""
+def clear_reports(url: str, run_ids: list[str], storage_options: dict | None = None) -> None:
+    """Deletes the report files of the given (replaced) runs, and nothing else, from the directory."""
+    if not run_ids:
+        return
     fs, path = url_to_fs(url, **(storage_options or {}))
+    fs.invalidate_cache(path)
     for old in fs.glob(posixpath.join(path, REPORT_GLOB)):
-        fs.rm(old)
+        if any(is_report_of(posixpath.basename(old), r) for r in run_ids):
+            fs.rm(old)
 
 
 class WriteReportFile(beam.DoFn):
     """((file key, range start), rejected lines) -> writes one report file; yields a summary."""
 
-    def __init__(self, url: str, storage_options: dict | None):
+    def __init__(self, url: str, storage_options: dict | None, run_id: str = ""):
         self._url = url
         self._storage_options = storage_options
+        self._run_id = run_id
         self._before = None
 
     def process(self, keyed, line_counts, created):
@@ -79,7 +92,7 @@ class WriteReportFile(beam.DoFn):
                 for r in sorted(records, key=lambda r: r["offset"])]
         fs, path = url_to_fs(self._url, **(self._storage_options or {}))
         fs.makedirs(path, exist_ok=True)
-        with fs.open(posixpath.join(path, report_name(file_key, range_start)), "wb") as f:
+        with fs.open(posixpath.join(path, report_name(self._run_id, file_key, range_start)), "wb") as f:
             f.write(("\n".join(rows) + "\n").encode("utf-8"))
         yield len(rows)
 
@@ -87,19 +100,20 @@ class WriteReportFile(beam.DoFn):
 class WriteRejectedLines(beam.PTransform):
     """Rejected-line records -> report files; yields each file's line count."""
 
-    def __init__(self, url: str, line_counts, created, storage_options: dict | None = None):
+    def __init__(self, url: str, line_counts, created, storage_options: dict | None = None, run_id: str = ""):
         super().__init__()
         self._url = url
         self._line_counts = line_counts
         self._created = created
         self._storage_options = storage_options
+        self._run_id = run_id
 
     def expand(self, rejected):
         return (
             rejected
             | "KeyByRange" >> beam.Map(lambda r: ((r["file_key"], r["range_start"]), r))
             | "GroupByRange" >> beam.GroupByKey()
-            | "WriteReportFiles" >> beam.ParDo(WriteReportFile(self._url, self._storage_options),
+            | "WriteReportFiles" >> beam.ParDo(WriteReportFile(self._url, self._storage_options, self._run_id),
                                                self._line_counts, self._created)
         )
 

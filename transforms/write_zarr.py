@@ -16,6 +16,7 @@ import apache_beam as beam
 import numpy as np
 
 from transforms import layout as plan
+from transforms import ownership
 from transforms import rejected
 from transforms import zarr_store as store
 from transforms.commit import SumCounts
@@ -50,19 +51,25 @@ class LayOutShards(beam.CombineFn):
 
 
 class CreateOutput(beam.DoFn):
-    """Runs once: empties the output path (or refuses), clears an earlier run's rejected-line
-    reports, and creates both splits' arrays at their final shapes."""
+    """Runs once: claims the output for this run and removes what it replaces (or refuses:
+    see transforms/ownership.py), clears the replaced runs' rejected-line reports, and
+    creates both splits' arrays at their final shapes.
 
-    def __init__(self, target: StoreTarget, overwrite: bool, rejected_url: str):
+    `expected_owner`: the (claim generation, run id) the launcher found at the output."""
+
+    def __init__(self, target: StoreTarget, overwrite: bool, rejected_url: str, expected_owner: tuple = (0, "")):
         self._target = target
         self._overwrite = overwrite
         self._rejected_url = rejected_url
+        self._expected_owner = tuple(expected_owner)
 
     def process(self, _, layout):
-        store.prepare_output(self._target, self._overwrite)
-        rejected.clear_reports(self._rejected_url, self._target.storage_options)
+        replaced = store.prepare_output(self._target, self._overwrite, self._expected_owner)
+        rejected.clear_reports(self._rejected_url, replaced, self._target.storage_options)
         for split in SPLITS:
             store.create_split(self._target, split, layout[split].tokens, layout[split].sequences)
+        ownership.check_owner(self._target.url, self._target.run_id, self._target.storage_options,
+                              doing="creating its arrays")
         yield True
 
 
@@ -118,10 +125,12 @@ class WriteOwnedChunks(beam.DoFn):
         yield from self._write(shard.split, pieces)
 
     def _write(self, split, pieces):
-        for name, start, values, length in pieces:
-            array = self._arrays.get(split, name)
-            for kind, item in write_region(array, start, values, self._target.write_block(name), length, split, name):
-                yield item if kind == "receipt" else beam.pvalue.TaggedOutput(self.FRAGMENTS, item)
+        t = self._target
+        with ownership.fenced(t.url, t.run_id, f"{split} chunks", t.storage_options):
+            for name, start, values, length in pieces:
+                array = self._arrays.get(split, name)
+                for kind, item in write_region(array, start, values, t.write_block(name), length, split, name):
+                    yield item if kind == "receipt" else beam.pvalue.TaggedOutput(self.FRAGMENTS, item)
 
 
 class WriteEndMarkers(WriteOwnedChunks):
@@ -158,7 +167,9 @@ class WriteSharedChunks(beam.DoFn):
             position += values.size
         if position != b:
             raise RuntimeError(f"{split}/{name} chunk {index}: pieces cover [{a}, {position}), expected [{a}, {b})")
-        self._arrays.get(split, name)[a:b] = np.concatenate([v for _, v in fragments])
+        t = self._target
+        with ownership.fenced(t.url, t.run_id, f"{split}/{name} chunk {index}", t.storage_options):
+            self._arrays.get(split, name)[a:b] = np.concatenate([v for _, v in fragments])
         yield split, name, 1
 
 

@@ -4,8 +4,11 @@ The commit protocol: each split (`OUTPUT/train`, `OUTPUT/validation`) is created
 of its own store, so creating its arrays writes no metadata at `OUTPUT` itself. The root
 group's metadata (`.zgroup`/`.zattrs`, or `zarr.json`) is written last, with the provenance
 and `"complete": true`. Until then zarr cannot open `OUTPUT` as a group and
-`pipeline.verify` reports an unfinished run.
+`pipeline.verify` reports an unfinished run. Before any of this, the run claims the output
+(`transforms/ownership.py`): only this tool's own output is ever replaced.
 """
+import logging
+import os
 import posixpath
 from dataclasses import dataclass, field
 
@@ -13,7 +16,9 @@ import numcodecs
 import zarr
 from fsspec.core import url_to_fs
 
+from transforms import ownership
 from transforms.inputs import close_gcs_sessions_at_exit
+from transforms.ownership import OutputError, OutputTaken  # noqa: F401 - part of this module's API
 
 # After `import zarr`: gcsfs sessions on zarr's event loop must close before zarr stops it.
 close_gcs_sessions_at_exit()
@@ -25,12 +30,8 @@ numcodecs.blosc.use_threads = False
 SPLITS = ("train", "validation")
 TOKENS = "encoded_tokens"
 SEQ_STARTS = "seq_starts"
-ROOT_METADATA = (".zgroup", ".zattrs", "zarr.json")
-RUN_ATTRIBUTE = "flat_tokens_run"
-
-
-class OutputError(ValueError):
-    """The output path cannot be used; the message names it and says what to do."""
+ROOT_METADATA = ownership.ROOT_METADATA
+RUN_ATTRIBUTE = ownership.SPLIT_RUN_ATTRIBUTE
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,8 @@ def make_store(url: str, storage_options: dict | None = None, read_only: bool = 
     if _is_remote(url):
         return zarr.storage.FsspecStore.from_url(url, storage_options=storage_options or {}, read_only=read_only)
     path = url[len("file://"):] if url.startswith("file://") else url
-    return zarr.storage.LocalStore(path, read_only=read_only)
+    # `~` as fsspec (and so the ownership checks) reads it, not a directory named "~".
+    return zarr.storage.LocalStore(os.path.expanduser(path), read_only=read_only)
 
 
 def filesystem(url: str, storage_options: dict | None = None):
@@ -89,52 +91,45 @@ def _compressors(target: StoreTarget, dtype_size: int):
     return zarr.codecs.BloscCodec(cname=cname, clevel=clevel, shuffle="bitshuffle", typesize=dtype_size)
 
 
-def output_state(target: StoreTarget) -> str:
-    """"absent", "empty", "ours" (an unfinished run with this run id) or "occupied"."""
-    fs, path = filesystem(target.url, target.storage_options)
-    if not fs.exists(path):
-        return "absent"
-    if not fs.isdir(path):
-        return "occupied"
-    entries = {posixpath.basename(p.rstrip("/")) for p in fs.ls(path, detail=False)}
-    if not entries:
-        return "empty"
-    if entries <= set(SPLITS) and not entries & set(ROOT_METADATA):
-        try:
-            runs = {zarr.open_group(make_store(child_url(target.url, s), target.storage_options, True),
-                                    mode="r").attrs.get(RUN_ATTRIBUTE) for s in entries}
-        except (FileNotFoundError, zarr.errors.GroupNotFoundError, KeyError):
-            return "occupied"
-        if runs == {target.run_id} and target.run_id:
-            return "ours"
-    return "occupied"
+def refuse_occupied(url: str, overwrite: bool, storage_options: dict | None = None) -> ownership.OutputState:
+    """The launcher's check, before any data is read: what is at the output, or OutputError
+    when this run may not use it (see transforms/ownership.py for the rule)."""
+    return ownership.refuse_for_run(url, overwrite, storage_options)
 
 
-def remove_output(target: StoreTarget) -> None:
-    """Deletes the output, uncommitting it first so no reader sees a half-deleted dataset."""
-    fs, path = filesystem(target.url, target.storage_options)
-    for name in ROOT_METADATA:
-        p = posixpath.join(path, name)
-        if fs.exists(p):
-            fs.rm(p)
-    if fs.exists(path):
-        fs.rm(path, recursive=True)
-    fs.invalidate_cache()
+def prepare_output(target: StoreTarget, overwrite: bool, expected_owner: tuple = (0, "")) -> list[str]:
+    """Claims the output for this run and removes what it replaces, or refuses.
+
+    `expected_owner` is the (claim generation, run id) the launcher found: if another run
+    claimed or committed the output since, this run stops without deleting anything.
+    Returns the run ids whose output was replaced (their rejected-line reports go too)."""
+    so = target.storage_options
+    ownership.refuse_root(target.url, so)
+    state = ownership.inspect_output(target.url, so, own_run_id=target.run_id)
+    if state.owner[1] != target.run_id:  # else: a retry of this step; the claim is this run's already
+        if not state.replaceable:
+            raise OutputError(ownership.refusal(target.url, state))
+        if tuple(state.owner) != tuple(expected_owner):
+            raise ownership.OutputTaken(
+                f"--output {target.url}: {ownership.describe_owner(state)} appeared there after this run was "
+                f"launched (it found {_describe_expected(expected_owner)}); this run stops and deletes nothing")
+        if state.kind == "dataset" and not overwrite:
+            raise OutputError(f"--output {target.url}: exists and is not empty; pass --overwrite to replace it, "
+                              f"or choose another path")
+        ownership.claim(target.url, target.run_id, state.owner[0] + 1, so)
+        if state.kind == "dataset" and state.committed:
+            logging.getLogger("flat_tokens").warning("flat-tokens: --overwrite: replacing %s at %s",
+                                                     ownership.describe_owner(state), target.url)
+    replaced = ownership.remove_replaced(target.url, target.run_id, so)
+    if state.owner[0] == 0 and state.owner[1] and state.owner[1] != target.run_id:
+        replaced.append(state.owner[1])  # a dataset of an earlier version: its run id is in its attributes
+    return replaced
 
 
-def refuse_occupied(target: StoreTarget, overwrite: bool) -> str:
-    """The output's state; raises when something that is not ours is there and may not go."""
-    state = output_state(target)
-    if state == "occupied" and not overwrite:
-        raise OutputError(f"--output {target.url}: exists and is not empty; pass --overwrite to replace it, "
-                          f"or choose another path")
-    return state
-
-
-def prepare_output(target: StoreTarget, overwrite: bool) -> None:
-    """Makes the output path empty, or refuses: a finished dataset is never clobbered by accident."""
-    if refuse_occupied(target, overwrite) in ("ours", "occupied"):
-        remove_output(target)
+def _describe_expected(owner: tuple) -> str:
+    if not owner[1]:
+        return "no flat-tokens output"
+    return f"the output of run {owner[1]}" + (f" (claim {owner[0]})" if owner[0] else "")
 
 
 def check_writable(target: StoreTarget) -> None:
@@ -179,8 +174,32 @@ def open_array(target: StoreTarget, split: str, name: str):
 def commit(target: StoreTarget, root_attributes: dict, split_attributes: dict[str, dict]) -> None:
     """Writes the split attributes, then the root group metadata: the dataset exists from here.
 
-    Retry-safe: a retried commit of the same run rewrites the same attributes. (zarr's
-    create_group(overwrite=True) would delete the children, so it is never used here.)"""
+    Only while this run holds the output's claim, and never over a conflict record (another
+    run may have written into the output). Retry-safe: a retried commit of the same run
+    rewrites the same attributes. (zarr's create_group(overwrite=True) would delete the
+    children, so it is never used here.)"""
+    so = target.storage_options
+    _refuse_conflicts(target)
+    with ownership.fenced(target.url, target.run_id, "the commit", so):
+        _write_commit(target, root_attributes, split_attributes)
+    try:
+        _refuse_conflicts(target)
+    except OutputError:
+        fs, path = filesystem(target.url, so)
+        for name in ROOT_METADATA:  # this run's own commit, just written: take it back
+            if fs.exists(f"{path.rstrip('/')}/{name}"):
+                fs.rm(f"{path.rstrip('/')}/{name}")
+        raise
+
+
+def _refuse_conflicts(target: StoreTarget) -> None:
+    found = ownership.conflicts(target.url, target.storage_options)
+    if found:
+        raise OutputError(f"--output {target.url}: holds {ownership.listing(found)}: another run may have written "
+                          f"into this output, so it is not committed; rerun with --overwrite")
+
+
+def _write_commit(target: StoreTarget, root_attributes: dict, split_attributes: dict[str, dict]) -> None:
     for split, attrs in split_attributes.items():
         group = zarr.open_group(make_store(child_url(target.url, split), target.storage_options),
                                 mode="r+", zarr_format=target.zarr_format)

@@ -1,0 +1,486 @@
+"""Never delete what is not ours: --overwrite replaces only an empty directory or this tool's
+own output; outputs that hold inputs or the rejected-lines directory are refused; a user's
+files in the rejected-lines directory survive; two runs racing for one output never leave a
+mixture that verifies nor delete a committed result silently; a truncated compressed input
+is named. Every case checks that the user's unrelated files survive byte for byte."""
+import dataclasses
+import gzip
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import zarr
+import zstandard
+
+from pipeline import verify
+from tests.gcs_emulator import BUCKET, gcs, gcs_corpus  # noqa: F401 - pytest fixtures
+from tests.helpers import REPO, check_flat_tokens, run_pipeline, write_jsonl
+from transforms import layout as plan
+from transforms.commit import CommitFn
+from transforms.ownership import CONFLICT_PREFIX, OutputError, OutputTaken
+from transforms.records import SortedShard
+from transforms.write_zarr import CreateOutput, WriteOwnedChunks
+from transforms.zarr_store import StoreTarget
+
+BYTES = ["--tokenizer", "bytes"]
+
+
+def digest(path) -> dict:
+    """sha256 of every file under `path` (or of `path` itself), by relative name."""
+    path = str(path)
+    if os.path.isfile(path):
+        return {".": hashlib.sha256(open(path, "rb").read()).hexdigest()}
+    out = {}
+    for root, dirs, files in os.walk(path):
+        for name in files:
+            full = os.path.join(root, name)
+            out[os.path.relpath(full, path)] = hashlib.sha256(open(full, "rb").read()).hexdigest()
+        for name in dirs:
+            out.setdefault(os.path.relpath(os.path.join(root, name), path) + "/", "dir")
+    return out
+
+
+@pytest.fixture
+def small_input(tmp_path):
+    texts = [f"document number {i}, " + "word " * (i % 7) for i in range(60)]
+    return write_jsonl(tmp_path / "in" / "docs.jsonl", texts)
+
+
+def users_home(root):
+    """A directory a user cares about: files, a subdirectory, more names than a message lists."""
+    (root / "projects").mkdir(parents=True)
+    (root / "notes.txt").write_text("precious\n")
+    (root / "projects" / "main.py").write_text("print('code')\n")
+    for i in range(5):
+        (root / f"photo-{i}.jpg").write_bytes(bytes(range(i, 200)))
+    return root
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. --overwrite replaces only this tool's output
+
+
+@pytest.mark.parametrize("overwrite", [["--overwrite"], []])
+def test_a_directory_that_is_not_a_dataset_is_refused(tmp_path, small_input, overwrite):
+    home = users_home(tmp_path / "home")
+    before = digest(home)
+    proc = run_pipeline("--input", small_input, *BYTES, "--output", home, *overwrite, check=False)
+    assert proc.returncode == 2, proc.stderr
+    message = proc.stderr.strip().splitlines()[-1]
+    assert f"--output {home}: holds notes.txt, photo-0.jpg" in message, message
+    assert "and 2 more" in message and "not a flat-tokens dataset" in message and "refusing to delete it" in message
+    assert digest(home) == before
+
+
+def test_a_file_is_refused(tmp_path, small_input):
+    target = tmp_path / "file.txt"
+    target.write_text("hi\n")
+    proc = run_pipeline("--input", small_input, *BYTES, "--output", target, "--overwrite", check=False)
+    assert proc.returncode == 2 and "is a file, not a flat-tokens dataset" in proc.stderr, proc.stderr
+    assert target.read_text() == "hi\n"
+
+
+def test_a_zarr_store_written_by_something_else_is_refused(tmp_path, small_input):
+    """Even one that calls itself flat-tokens: only this tool's claim (or an earlier version's
+    full provenance) makes a store replaceable."""
+    other = tmp_path / "other.zarr"
+    root = zarr.open_group(str(other), mode="w", zarr_format=2)
+    root.attrs.update({"format": "flat-tokens", "complete": True, "run_id": "not-ours"})
+    for split in ("train", "validation"):
+        root.create_group(split).create_array("encoded_tokens", shape=(4,), dtype="uint32")
+    before = digest(other)
+    proc = run_pipeline("--input", small_input, *BYTES, "--output", other, "--overwrite", check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert "holds .zattrs, .zgroup, train/, validation/: not a flat-tokens dataset" in proc.stderr, proc.stderr
+    assert digest(other) == before
+
+
+def test_a_dataset_holding_a_users_file_is_refused(tmp_path, small_input):
+    out = tmp_path / "out.zarr"
+    run_pipeline("--input", small_input, *BYTES, "--output", out)
+    (out / "my-notes.md").write_text("my analysis of this dataset\n")
+    before = digest(out)
+    proc = run_pipeline("--input", small_input, *BYTES, "--output", out, "--overwrite", check=False)
+    assert proc.returncode == 2 and "holds my-notes.md: not a flat-tokens dataset" in proc.stderr, proc.stderr
+    assert digest(out) == before
+
+
+def test_overwrite_replaces_this_tools_outputs_and_nothing_beside_them(tmp_path, small_input):
+    """An empty directory, a committed dataset, an unfinished output (a failed run's) and a
+    dataset of an earlier version without a claim are all replaced; a sibling file is not."""
+    (tmp_path / "sibling.txt").write_text("beside the output\n")
+    out = tmp_path / "out.zarr"
+    out.mkdir()
+    run_pipeline("--input", small_input, *BYTES, "--output", out, "--overwrite")  # an empty directory
+    first = json.loads(next(out.glob(".flat-tokens-run.*")).read_text())["run_id"]
+    assert zarr.open_group(str(out), mode="r").attrs["run_id"] == first
+    run_pipeline("--input", small_input, *BYTES, "--output", out, "--overwrite")  # a committed dataset
+    assert sorted(p.name for p in out.glob(".flat-tokens-run.*")) == [".flat-tokens-run.2"]
+    # An unfinished output: a run that fails at its rejected-lines gate, after creating the arrays.
+    bad = write_jsonl(tmp_path / "bad" / "bad.jsonl", ["fine"] * 5)
+    with open(bad, "a") as f:
+        f.write("{not json\n")
+    proc = run_pipeline("--input", bad, *BYTES, "--output", out, "--overwrite", check=False)
+    assert proc.returncode == 1 and verify.verify_dataset(str(out)) != []
+    run_pipeline("--input", small_input, *BYTES, "--output", out, "--overwrite")
+    assert verify.verify_dataset(str(out)) == []
+    # A dataset an earlier version wrote: no claim, but that version's provenance.
+    for claim in out.glob(".flat-tokens-run.*"):
+        claim.unlink()
+    run_pipeline("--input", small_input, *BYTES, "--output", out, "--overwrite")
+    check_flat_tokens(out, "--input", small_input, *BYTES)
+    assert (tmp_path / "sibling.txt").read_text() == "beside the output\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. Outputs that hold an input or the rejected-lines directory
+
+
+@pytest.mark.parametrize("overwrite", [["--overwrite"], []])
+def test_an_output_holding_an_input_is_refused(tmp_path, overwrite):
+    """`--input data/ --output data/out.zarr`: the first run is fine; a rerun would read its
+    own output as input and delete it."""
+    data = tmp_path / "data"
+    write_jsonl(data / "docs.jsonl", ["one document", "another"])
+    out = data / "out.zarr"
+    run_pipeline("--input", data, *BYTES, "--output", out)
+    before = digest(data)
+    proc = run_pipeline("--input", data, *BYTES, "--output", out, *overwrite, check=False)
+    assert proc.returncode == 2, proc.stderr
+    if overwrite:
+        assert f"--output {out}: holds the input {out}/" in proc.stderr, proc.stderr
+    assert digest(data) == before
+    proc = run_pipeline("--input", data / "docs.jsonl", *BYTES, "--output", data, *overwrite, check=False)
+    assert proc.returncode == 2 and digest(data) == before, proc.stderr
+
+
+@pytest.mark.parametrize("overwrite", [["--overwrite"], []])
+def test_an_output_holding_the_rejected_directory_is_refused(tmp_path, small_input, overwrite):
+    out = tmp_path / "out.zarr"
+    proc = run_pipeline("--input", small_input, *BYTES, "--output", out, "--rejected_output", out / "rejected",
+                        *overwrite, check=False)
+    assert proc.returncode == 2 and "holds the --rejected_output directory" in proc.stderr, proc.stderr
+    assert not out.exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. The rejected-lines directory
+
+
+def test_only_the_replaced_runs_reports_are_deleted_from_the_rejected_directory(tmp_path):
+    dirty = write_jsonl(tmp_path / "in" / "dirty.jsonl", [f"doc {i}" for i in range(20)])
+    with open(dirty, "a") as f:
+        f.write("{not json\n")
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    (reports / "rejected-notes.jsonl").write_text('{"my": "notes"}\n')
+    (reports / "rejected-0123456789abcdef.jsonl").write_text("looks like an old report, but who knows\n")
+    (reports / "notes.txt").write_text("mine\n")
+    users = {n: digest(reports / n) for n in os.listdir(reports)}
+    args = ["--input", dirty, *BYTES, "--rejected_output", reports, "--max_rejected_fraction", "0.5"]
+    run_pipeline(*args, "--output", tmp_path / "other.zarr")  # another dataset's report, same directory
+    other_reports = {p.name for p in reports.glob("rejected-*-*.jsonl")}
+    run_pipeline(*args, "--output", tmp_path / "out.zarr")
+    first = {p.name for p in reports.glob("rejected-*-*.jsonl")} - other_reports
+    run_pipeline(*args, "--output", tmp_path / "out.zarr", "--overwrite")
+    now = {p.name for p in reports.glob("rejected-*-*.jsonl")}
+    assert len(first) == 1 and not first & now, "the replaced run's report is replaced"
+    assert other_reports <= now, "another dataset's report in the same directory survives"
+    run_id = zarr.open_group(str(tmp_path / "out.zarr"), mode="r").attrs["run_id"]
+    assert all(n.startswith(f"rejected-{run_id}-") for n in now - other_reports)
+    assert {n: digest(reports / n) for n in users} == users
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. Runs that race for one output
+
+
+def shard(split, index, lengths, rng):
+    tokens = (rng.integers(0, 50, int(sum(lengths))) << 1).astype(np.uint32)
+    tokens[np.cumsum(lengths) - lengths] |= 1
+    return SortedShard(split, index, np.array(lengths), tokens)
+
+
+# The chunk writes small_job's four sequences of 17 tokens need (4-token, 3-entry chunks).
+CHUNKS = {("train", "encoded_tokens"): 5, ("train", "seq_starts"): 2,
+          ("validation", "encoded_tokens"): 0, ("validation", "seq_starts"): 1}
+
+
+def small_job(tmp_path, run_id):
+    rng = np.random.default_rng(0)
+    shards = [shard("train", 0, [3, 5, 2], rng), shard("train", 1, [7], rng)]
+    sizes = {("train", s.shard): (int(s.tokens.size), int(s.lengths.size), int((s.tokens >> 1).max())) for s in shards}
+    target = StoreTarget(url=str(tmp_path / "o.zarr"), tokens_chunk=4, seq_starts_chunk=3, run_id=run_id)
+    return target, shards, plan.lay_out(sizes, ("train", "validation"))
+
+
+def test_a_run_whose_output_was_taken_over_stops_before_writing_and_cannot_commit(tmp_path):
+    a, shards, layout = small_job(tmp_path, "run-a")
+    b = dataclasses.replace(a, run_id="run-b")
+    list(CreateOutput(a, False, str(tmp_path / "rej")).process(None, layout))
+    list(CreateOutput(b, True, str(tmp_path / "rej"), expected_owner=(1, "run-a")).process(None, layout))
+    taken = digest(tmp_path / "o.zarr")
+    writer = WriteOwnedChunks(a)
+    writer.setup()
+    with pytest.raises(OutputTaken, match="run run-b took it over"):
+        list(writer.process(shards[0], layout, True))
+    with pytest.raises(OutputTaken):
+        list(CommitFn(a, {"run_id": "run-a"}).process(None, CHUNKS, layout, {"lines": 4, "documents": 4}))
+    assert digest(tmp_path / "o.zarr") == taken
+
+
+def test_a_write_that_may_have_landed_after_a_takeover_blocks_every_commit(tmp_path):
+    a, shards, layout = small_job(tmp_path, "run-a")
+    b = dataclasses.replace(a, run_id="run-b")
+    list(CreateOutput(a, False, str(tmp_path / "rej")).process(None, layout))
+    writing = WriteOwnedChunks(a)
+    writing.setup()
+    steps = writing.process(shards[0], layout, True)
+    next(steps)  # run A checked its claim and wrote its first chunks ...
+    list(CreateOutput(b, True, str(tmp_path / "rej"), expected_owner=(1, "run-a")).process(None, layout))
+    with pytest.raises(OutputTaken, match="conflict record"):
+        list(steps)  # ... and writes more after B took over: it says so
+    assert (tmp_path / "o.zarr" / f"{CONFLICT_PREFIX}run-a").exists()
+    with pytest.raises(OutputError, match="another run may have written into this output"):
+        list(CommitFn(b, {"run_id": "run-b"}).process(None, CHUNKS, layout, {"lines": 4, "documents": 4}))
+    assert not (tmp_path / "o.zarr" / ".zgroup").exists()
+
+
+def test_a_dataset_committed_after_launch_is_not_deleted(tmp_path, small_input):
+    """A run launched when the output was absent finds, at CreateOutput, a dataset another
+    run committed meanwhile: even with --overwrite it stops and deletes nothing."""
+    out = tmp_path / "o.zarr"
+    late, _, layout = small_job(tmp_path, "late-run")
+    run_pipeline("--input", small_input, *BYTES, "--output", out)
+    before = digest(out)
+    with pytest.raises(OutputTaken, match="appeared there after this run was launched"):
+        list(CreateOutput(late, True, str(tmp_path / "rej"), expected_owner=(0, "")).process(None, layout))
+    assert digest(out) == before
+
+
+CLEAR_FAILURES = ("claimed it first", "took it over", "appeared there after this run was launched",
+                  "exists and is not empty", "may have written into this output", "committed there while this one ran")
+
+
+def race(tmp_path, out, runs):
+    """Starts the runs at once; returns [(args, exit code, stderr, run id or None)]."""
+    procs = []
+    for i, args in enumerate(runs):
+        summary = tmp_path / f"summary-{i}.json"
+        summary.unlink(missing_ok=True)
+        cmd = [sys.executable, "-m", "pipeline.run", *map(str, args), "--output", str(out), "--summary_json",
+               str(summary), "--quiet"]
+        procs.append((args, summary, subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE,
+                                                      stderr=subprocess.PIPE, text=True)))
+    results = []
+    for args, summary, proc in procs:
+        _, stderr = proc.communicate(timeout=300)
+        run_id = json.loads(summary.read_text())["run_id"] if proc.returncode == 0 else None
+        results.append((args, proc.returncode, stderr, run_id))
+    return results
+
+
+def test_two_runs_racing_for_one_output(tmp_path):
+    alpha = write_jsonl(tmp_path / "alpha.jsonl", [f"alpha {i} " + "a" * (i % 31) for i in range(1200)])
+    beta = write_jsonl(tmp_path / "beta.jsonl", [f"beta {i} " + "b" * (i % 29) for i in range(1000)])
+    common = [*BYTES, "--num_shards", "3", "--tokens_chunk_size", "512", "--seq_starts_chunk_size", "64"]
+    configs = {"alpha": ["--input", alpha, *common], "beta": ["--input", beta, *common]}
+    refs = {}
+    for name, args in configs.items():
+        refs[name] = tmp_path / f"ref-{name}.zarr"
+        run_pipeline(*args, "--output", refs[name])
+    out = tmp_path / "out.zarr"
+    rounds = [  # (what is at the output first, alpha's extra options, beta's)
+        (None, [], []),
+        (None, ["--overwrite"], []),
+        ("alpha", ["--overwrite"], ["--overwrite"]),
+    ]
+    for first, alpha_extra, beta_extra in rounds:
+        shutil.rmtree(out, ignore_errors=True)
+        if first:
+            shutil.copytree(refs[first], out)
+        results = race(tmp_path, out, [configs["alpha"] + alpha_extra, configs["beta"] + beta_extra])
+        names = ["alpha", "beta"]
+        context = f"round {first, alpha_extra, beta_extra}: " + repr([(r[1], r[2][-600:]) for r in results])
+        assert any(code == 0 for _, code, _, _ in results), context
+        for (_, code, stderr, _), name in zip(results, names):
+            assert code in (0, 1, 2), context
+            if code:
+                assert str(out) in stderr and any(p in stderr for p in CLEAR_FAILURES), context
+        problems = verify.verify_dataset(str(out))
+        if problems:
+            # Allowed only where a run's write may have landed after a takeover, which it records;
+            # started together, one run claims the output and the other stops before touching it.
+            assert any(p.startswith("conflict record") for p in problems), context + repr(problems)
+            continue
+        committed = zarr.open_group(str(out), mode="r").attrs["run_id"]
+        winners = [name for (_, code, _, rid), name in zip(results, names) if code == 0 and rid == committed]
+        assert len(winners) == 1, context
+        check_flat_tokens(out, "--compare", refs[winners[0]])
+        for (_, code, _, rid), name in zip(results, names):
+            if code == 0 and rid != committed:  # a committed result was replaced: the replacer said so
+                replacer = results[names.index(winners[0])][2]
+                assert f"replacing a committed flat-tokens dataset of run {rid}" in replacer, context
+
+
+# ---------------------------------------------------------------------------------------------
+# 5. Truncated or corrupt compressed input
+
+
+def truncated(kind: str, data: bytes) -> bytes:
+    packed = zstandard.ZstdCompressor().compress(data) if kind == "zst" else gzip.compress(data, mtime=0)
+    if kind == "gz-corrupt":
+        middle = len(packed) // 2
+        return packed[:middle] + bytes(64) + packed[middle + 64:]
+    return packed[: len(packed) * 3 // 4]
+
+
+@pytest.mark.parametrize("kind", ["gz", "gz-corrupt", "zst"])
+def test_a_truncated_compressed_input_names_the_file_and_the_place(tmp_path, kind):
+    lines = [json.dumps({"text": f"document {i} " + "lorem ipsum " * (i % 23)}).encode() + b"\n" for i in range(4000)]
+    data = b"".join(lines)
+    suffix = "zst" if kind == "zst" else "gz"
+    write_jsonl(tmp_path / "in" / "good.jsonl", ["an intact file"])
+    broken = tmp_path / "in" / f"broken.jsonl.{suffix}"
+    broken.write_bytes(truncated(kind, data))
+    proc = run_pipeline("--input", tmp_path / "in", *BYTES, "--output", tmp_path / "out.zarr", check=False)
+    assert proc.returncode == 1, proc.stderr
+    message = proc.stderr.strip().splitlines()[-1]
+    match = re.search(rf"input {re.escape(str(broken))}: the compressed data is truncated or corrupt after "
+                      rf"uncompressed byte (\d+) \(line (\d+) was the last whole line\)", message)
+    assert match, message
+    offset, line = map(int, match.groups())
+    assert 0 < line < len(lines), message
+    if kind != "gz-corrupt":  # (corrupt data may decode to garbage lines before gzip's CRC check fails)
+        assert offset == sum(map(len, lines[:line])), message
+        assert "Compressed file ended before the end-of-stream marker was reached" in message
+
+
+# ---------------------------------------------------------------------------------------------
+# The same on gs://, against the fake-gcs-server emulator
+
+GS_INPUT = f"gs://{BUCKET}/corpus/*.jsonl*"
+GS_ARGS = ["--input", GS_INPUT, *BYTES, "--max_rejected_fraction", "0.01"]
+
+
+def gs(*parts) -> str:
+    return "/".join([f"gs://{BUCKET}/safety", *parts])
+
+
+def gs_digest(gcs, url: str) -> dict:
+    """sha256 of every object under `url`, by name (the emulator's view, not a cached one)."""
+    gcs.fs.invalidate_cache()
+    path = url.removeprefix("gs://").rstrip("/")
+    return {p: hashlib.sha256(gcs.fs.cat_file(p)).hexdigest() for p in gcs.fs.find(path)}
+
+
+def gs_run(gcs, *args, check=False):
+    return run_pipeline(*args, env=gcs.env, check=check, timeout=200)
+
+
+def test_gs_objects_that_are_not_a_dataset_are_refused(gcs, gcs_corpus):
+    gcs.fs.pipe({f"{BUCKET}/safety/home/notes.txt": b"precious\n", f"{BUCKET}/safety/home/projects/main.py": b"code\n",
+                 f"{BUCKET}/safety/file.txt": b"hi\n"})
+    before = gs_digest(gcs, gs())
+    proc = gs_run(gcs, *GS_ARGS, "--output", gs("home"), "--overwrite")
+    assert proc.returncode == 2, proc.stderr
+    assert f"--output {gs('home')}: holds notes.txt, projects/: not a flat-tokens dataset" in proc.stderr
+    proc = gs_run(gcs, *GS_ARGS, "--output", gs("file.txt"), "--overwrite")
+    assert proc.returncode == 2 and "is a file, not a flat-tokens dataset" in proc.stderr, proc.stderr
+    assert gs_digest(gcs, gs()) == before
+
+
+@pytest.mark.parametrize("root", [f"gs://{BUCKET}", f"gs://{BUCKET}/"])
+@pytest.mark.parametrize("overwrite", [["--overwrite"], []])
+def test_gs_a_bucket_root_is_never_an_output(gcs, gcs_corpus, root, overwrite):
+    before = gs_digest(gcs, f"gs://{BUCKET}")
+    proc = gs_run(gcs, *GS_ARGS, "--output", root, *overwrite)
+    assert proc.returncode == 2 and f"is the root of bucket {BUCKET}" in proc.stderr, proc.stderr
+    assert gs_digest(gcs, f"gs://{BUCKET}") == before
+
+
+def test_gs_a_dataset_holding_a_users_object_is_refused_and_one_without_is_replaced(gcs, gcs_corpus):
+    out = gs("out.zarr")
+    gs_run(gcs, *GS_ARGS, "--output", out, check=True)
+    gcs.fs.pipe(f"{BUCKET}/safety/out.zarr/my-notes.md", b"mine\n")
+    before = gs_digest(gcs, gs())
+    proc = gs_run(gcs, *GS_ARGS, "--output", out, "--overwrite")
+    assert proc.returncode == 2 and "holds my-notes.md: not a flat-tokens dataset" in proc.stderr, proc.stderr
+    assert gs_digest(gcs, gs()) == before
+    gcs.fs.rm(f"{BUCKET}/safety/out.zarr/my-notes.md")
+    proc = gs_run(gcs, *GS_ARGS, "--output", out, "--overwrite", check=True)
+    assert "replacing a committed flat-tokens dataset of run" in proc.stderr
+    gcs.fs.invalidate_cache()
+    assert [p.rsplit("/", 1)[1] for p in gcs.fs.glob(f"{BUCKET}/safety/out.zarr/.flat-tokens-run.*")] == [
+        ".flat-tokens-run.2"]
+
+
+def test_gs_outputs_holding_an_input_or_the_rejected_directory_are_refused(gcs, gcs_corpus):
+    gcs.fs.pipe(f"{BUCKET}/safety/data/docs.jsonl", b'{"text": "one"}\n{"text": "two"}\n')
+    data, out = gs("data"), gs("data", "out.zarr")
+    gs_run(gcs, "--input", data, *BYTES, "--output", out, check=True)
+    before = gs_digest(gcs, data)
+    proc = gs_run(gcs, "--input", data, *BYTES, "--output", out, "--overwrite")
+    assert proc.returncode == 2 and f"--output {out}: holds the input {out}/" in proc.stderr, proc.stderr
+    proc = gs_run(gcs, *GS_ARGS, "--output", gs("r.zarr"), "--rejected_output", gs("r.zarr", "rejected"), "--overwrite")
+    assert proc.returncode == 2 and "holds the --rejected_output directory" in proc.stderr, proc.stderr
+    assert gs_digest(gcs, data) == before and not gs_digest(gcs, gs("r.zarr"))
+
+
+def test_gs_a_users_files_in_the_rejected_directory_survive(gcs, gcs_corpus):
+    reports = gs("reports")
+    users = {f"{BUCKET}/safety/reports/rejected-notes.jsonl": b'{"my": "notes"}\n',
+             f"{BUCKET}/safety/reports/notes.txt": b"mine\n"}
+    gcs.fs.pipe(users)
+    args = [*GS_ARGS, "--output", gs("rep.zarr"), "--rejected_output", reports]
+    gs_run(gcs, *args, check=True)
+    first = set(gs_digest(gcs, reports)) - set(users)
+    gs_run(gcs, *args, "--overwrite", check=True)
+    now = gs_digest(gcs, reports)
+    assert len(first) == 1 and len(set(now) - set(users)) == 1 and not first & set(now)
+    assert {p: now[p] for p in users} == {p: hashlib.sha256(v).hexdigest() for p, v in users.items()}
+
+
+def test_gs_a_truncated_compressed_input_is_named(gcs, gcs_corpus):
+    data = b"".join(json.dumps({"text": f"document {i} " + "x" * (i % 50)}).encode() + b"\n" for i in range(3000))
+    broken = f"{BUCKET}/safety/broken/part.jsonl.gz"
+    gcs.fs.pipe(broken, gzip.compress(data, mtime=0)[:-200])
+    proc = gs_run(gcs, "--input", f"gs://{broken}", *BYTES, "--output", gs("broken.zarr"))
+    assert proc.returncode == 1, proc.stderr
+    assert re.search(rf"input gs://{broken}: the compressed data is truncated or corrupt after uncompressed byte \d+ "
+                     rf"\(line \d+ was the last whole line\): EOFError: Compressed file ended before the "
+                     rf"end-of-stream marker was reached", proc.stderr), proc.stderr
+
+
+def test_gs_two_runs_racing_for_one_output(gcs, gcs_corpus, tmp_path):
+    """Both with --overwrite on a committed dataset, started at once, on gs://."""
+    out = gs("race.zarr")
+    configs = {"all": GS_ARGS, "train-only": [*GS_ARGS, "--validation_fraction", "0"]}
+    refs = {name: tmp_path / f"ref-{name}.zarr" for name in configs}
+    for name, args in configs.items():
+        gs_run(gcs, *args, "--output", gs(f"ref-{name}.zarr"), check=True)
+        gcs.fs.get(f"{BUCKET}/safety/ref-{name}.zarr/", str(refs[name]) + "/", recursive=True)
+    gs_run(gcs, *configs["all"], "--output", out, check=True)
+    env = {**os.environ, **gcs.env}
+    procs = [subprocess.Popen([sys.executable, "-m", "pipeline.run", *args, "--output", out, "--overwrite", "--quiet",
+                               "--summary_json", str(tmp_path / f"{name}.json")], cwd=REPO, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for name, args in configs.items()]
+    results = [(p.communicate(timeout=300)[1], p.returncode) for p in procs]
+    context = repr([(code, err[-600:]) for err, code in results])
+    winners = [name for name, (_, code) in zip(configs, results) if code == 0]
+    assert len(winners) >= 1, context
+    for err, code in results:
+        assert code == 0 or (out in err and any(p in err for p in CLEAR_FAILURES)), context
+    local = tmp_path / "race.zarr"
+    gcs.fs.invalidate_cache()
+    gcs.fs.get(f"{BUCKET}/safety/race.zarr/", str(local) + "/", recursive=True)
+    committed = zarr.open_group(str(local), mode="r").attrs["run_id"]
+    name = next(n for n in winners if json.loads((tmp_path / f"{n}.json").read_text())["run_id"] == committed)
+    check_flat_tokens(local, "--compare", refs[name])
