@@ -9,12 +9,28 @@
     inputs, targets = inputs_targets(window)
     inputs, targets = train.packed_batch([7, 0, 12], 2048)    # two (3, 2048) int32 arrays
 
+    for ids in train: ...                  # every sequence in order, read block by block
+    for inputs, targets in train.packed_batches(2048, 32, seed=0, start_step=0): ...
+
 Only a committed dataset opens (root attributes ``format == "flat-tokens"`` and
 ``complete is True``); anything else raises DatasetError. Opening reads metadata only;
 every access reads exactly the slices it needs, so memory stays bounded whatever the size of
 the dataset, and random access is O(1) in it. Nothing is cached: a FlatTokensSplit holds no
-mutable state after construction, so one instance may be shared by reader threads. It also
-pickles (by URL), so it can be handed to DataLoader worker processes.
+mutable state after construction, so one instance may be shared by reader threads (each
+iterator keeps its own state). It also pickles (by URL), so it can be handed to DataLoader
+worker processes.
+
+Reading for a trainer: random access decompresses whole chunks for a few tokens, so
+sequential and epoch-wise reading go through iterators that read chunk-aligned blocks of a
+few MB, each chunk once. ``for ids in split`` (or ``iter_sequences(start, stop)``,
+``iter_encoded``) yields every sequence whole, however many chunks or blocks it spans.
+``packed_batches(L, B, seed=, start_step=)`` yields shuffled (inputs, targets) batches of
+full windows, as seqax's ShufflingLoader does: contiguous blocks of windows, a seeded
+permutation of the blocks, shuffle buffers of many blocks whose windows are permuted again.
+Every permutation is keyed by (seed, epoch, buffer) alone, so batch k is a pure function of
+(seed, k) and ``start_step=k`` resumes at batch k without reading what comes before it. The
+stream runs epoch after epoch (each epoch every full window exactly once, reshuffled) unless
+``epochs=`` ends it; see packed_batches for the details.
 
 Decoded token ids are returned as int32 (the format bounds ids by 2**31 - 1).
 
@@ -309,7 +325,7 @@ class FlatTokensSplit:
         lo = start
         while lo <= stop:  # seq_starts[start:stop + 1], one aligned read at a time
             hi = min(stop + 1, (lo // s_unit + 1) * s_unit)
-            bounds = np.concatenate([carry, np.asarray(self._starts[lo:hi])]).astype(np.int64)
+            bounds = np.concatenate([np.array(carry, np.int64), np.asarray(self._starts[lo:hi]).astype(np.int64)])
             carry, lo = [int(bounds[-1])], hi
             if buf_hi < 0:
                 buf_lo = buf_hi = int(bounds[0]) // t_unit * t_unit

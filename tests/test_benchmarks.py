@@ -1,5 +1,5 @@
-"""Smoke test of benchmarks/bench_pipeline.py on a tiny corpus: it runs end to end and
-reports every field (no timing assertions: the numbers depend on the machine)."""
+"""Smoke tests of benchmarks/bench_pipeline.py and bench_reader.py on tiny inputs: they run end to end and
+report every field (no timing assertions: the numbers depend on the machine)."""
 import json
 import subprocess
 import sys
