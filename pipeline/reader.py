@@ -9,12 +9,28 @@
     inputs, targets = inputs_targets(window)
     inputs, targets = train.packed_batch([7, 0, 12], 2048)    # two (3, 2048) int32 arrays
 
+    for ids in train: ...                  # every sequence in order, read block by block
+    for inputs, targets in train.packed_batches(2048, 32, seed=0, start_step=0): ...
+
 Only a committed dataset opens (root attributes ``format == "flat-tokens"`` and
 ``complete is True``); anything else raises DatasetError. Opening reads metadata only;
 every access reads exactly the slices it needs, so memory stays bounded whatever the size of
 the dataset, and random access is O(1) in it. Nothing is cached: a FlatTokensSplit holds no
-mutable state after construction, so one instance may be shared by reader threads. It also
-pickles (by URL), so it can be handed to DataLoader worker processes.
+mutable state after construction, so one instance may be shared by reader threads (each
+iterator keeps its own state). It also pickles (by URL), so it can be handed to DataLoader
+worker processes.
+
+Reading for a trainer: random access decompresses whole chunks for a few tokens, so
+sequential and epoch-wise reading go through iterators that read chunk-aligned blocks of a
+few MB, each chunk once. ``for ids in split`` (or ``iter_sequences(start, stop)``,
+``iter_encoded``) yields every sequence whole, however many chunks or blocks it spans.
+``packed_batches(L, B, seed=, start_step=)`` yields shuffled (inputs, targets) batches of
+full windows, as seqax's ShufflingLoader does: contiguous blocks of windows, a seeded
+permutation of the blocks, shuffle buffers of many blocks whose windows are permuted again.
+Every permutation is keyed by (seed, epoch, buffer) alone, so batch k is a pure function of
+(seed, k) and ``start_step=k`` resumes at batch k without reading what comes before it. The
+stream runs epoch after epoch (each epoch every full window exactly once, reshuffled) unless
+``epochs=`` ends it; see packed_batches for the details.
 
 Decoded token ids are returned as int32 (the format bounds ids by 2**31 - 1).
 
@@ -33,6 +49,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import zarr
@@ -42,6 +59,16 @@ from pipeline import verify
 SPLITS = ("train", "validation")
 TOKENS = "encoded_tokens"
 SEQ_STARTS = "seq_starts"
+
+# Sequential reads take about this many items per read, rounded up to whole chunks: a few MB,
+# so each chunk is decompressed once and memory stays bounded whatever the dataset's size.
+TOKENS_READ = 1 << 20  # 4 MB of encoded tokens
+STARTS_READ = 1 << 18  # 2 MB of seq_starts
+# packed_batches' defaults: contiguous read blocks of about this many tokens (4 MB, whole
+# 256Ki-token chunks for power-of-two lengths), and this many blocks per shuffle buffer (128 MB).
+BLOCK_TOKENS = 1 << 20
+BUFFER_BLOCKS = 32
+READ_THREADS = 4  # concurrent block reads while a shuffle buffer loads (object stores: latency)
 
 
 class DatasetError(Exception):
@@ -113,6 +140,110 @@ def inputs_targets(window: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return inputs, targets
 
 
+def _count(value, what: str, minimum: int = 1) -> int:
+    """value as an int >= minimum; anything else raises TypeError or ValueError naming it."""
+    try:
+        k = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{what} must be an integer, got {type(value).__name__}") from None
+    if k < minimum:
+        raise ValueError(f"{what} must be >= {minimum}, got {k}")
+    return k
+
+
+def _round_up(n: int, unit: int) -> int:
+    return -(-n // unit) * unit
+
+
+def _read_unit(arr: zarr.Array, items: int) -> int:
+    """About `items`, rounded up to whole chunks of arr, so aligned reads never split a chunk."""
+    return _round_up(max(1, items), max(1, int(arr.chunks[0])))
+
+
+# Purposes of the permutations packed_batches draws (the first word of their keys).
+_BLOCK_ORDER, _WINDOW_ORDER = 1, 2
+
+
+def _permutation(n: int, key: tuple[int, ...]) -> np.ndarray:
+    """A permutation of range(n) that is a pure function of `key` (non-negative ints).
+
+    The order of PCG64's raw 64-bit output seeded with SeedSequence(key), ties broken by index.
+    It relies on the SeedSequence and PCG64 algorithms only, not on a Generator method (which
+    numpy may change between versions, NEP 19), so a run resumed under another numpy serves
+    the same batches. Keys have 4+ words: SeedSequence pads shorter ones with zeros, which would
+    make (a, b) and (a, b, 0) the same key."""
+    raw = np.random.PCG64(np.random.SeedSequence(list(key))).random_raw(n)
+    return np.argsort(raw, kind="stable")
+
+
+class _WindowOrder:
+    """The order in which packed_batches serves full windows: a pure function of
+    (num_windows, block_windows, buffer_blocks, seed), never of the storage's chunking.
+
+    The stream is epoch 0, epoch 1, ...; each epoch holds every full window exactly once. In
+    epoch e the windows are cut into contiguous blocks of `block_windows` (the last one may be
+    shorter), the blocks are permuted (key: block order, e, seed), and taken `buffer_blocks` at
+    a time as shuffle buffers; buffer b serves its blocks' windows in a permuted order (key:
+    window order, e, b, seed). So any position of the stream is found without reading earlier
+    buffers."""
+
+    def __init__(self, num_windows: int, block_windows: int, buffer_blocks: int, seed: int):
+        self.num_windows = num_windows
+        self.block_windows = block_windows
+        self.buffer_blocks = buffer_blocks
+        self.seed = seed
+        self.num_blocks = -(-num_windows // block_windows)
+        self._epoch: tuple | None = None  # (e, blocks in order, buffer starts): the last epoch used
+
+    def _plan(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        if self._epoch is None or self._epoch[0] != epoch:
+            if not 0 <= epoch < 1 << 32:
+                raise OverflowError(f"epoch {epoch} out of range")
+            blocks = _permutation(self.num_blocks, (_BLOCK_ORDER, epoch, 0, self.seed))
+            sizes = np.minimum(self.block_windows, self.num_windows - blocks * self.block_windows)
+            ends = np.concatenate([[0], np.cumsum(sizes)])
+            starts = ends[list(range(0, self.num_blocks, self.buffer_blocks)) + [self.num_blocks]]
+            self._epoch = (epoch, blocks, starts)
+        return self._epoch[1], self._epoch[2]
+
+    def buffer_at(self, position: int) -> tuple[int, int, list[tuple[int, int]], np.ndarray]:
+        """The shuffle buffer serving stream position `position`: (its first position, its end,
+        its blocks as (first window, windows) in row order, the rows in serving order)."""
+        epoch, q = divmod(position, self.num_windows)
+        blocks, starts = self._plan(epoch)
+        b = int(np.searchsorted(starts, q, "right")) - 1
+        mine = blocks[b * self.buffer_blocks:(b + 1) * self.buffer_blocks].tolist()
+        ranges = [(k * self.block_windows, min(self.block_windows, self.num_windows - k * self.block_windows))
+                  for k in mine]
+        first, end = epoch * self.num_windows + int(starts[b]), epoch * self.num_windows + int(starts[b + 1])
+        return first, end, ranges, _permutation(end - first, (_WINDOW_ORDER, epoch, b, self.seed))
+
+
+class _ShuffleBuffer:
+    """One shuffle buffer: stream positions [first, end), its windows as rows read by
+    background futures, served in `order`."""
+
+    def __init__(self, first: int, end: int, rows: np.ndarray, reads: list[Future], order: np.ndarray):
+        self.first, self.end, self.rows, self.order = first, end, rows, order
+        self._reads = reads
+
+    def windows(self, position: int, count: int) -> np.ndarray:
+        """The encoded windows at stream positions [position, position + count): a copy."""
+        while self._reads:
+            self._reads.pop().result()  # waits for the read; re-raises its error here
+        k = position - self.first
+        return self.rows[self.order[k:k + count]]
+
+
+def _ids_of(blocks: Iterator[tuple[np.ndarray, np.ndarray]], encoded: bool) -> Iterator[np.ndarray]:
+    """One array per sequence from (encoded, bounds) blocks: ids (int32), or the encoded tokens."""
+    for enc, bounds in blocks:
+        offsets = bounds.tolist()
+        values = enc if encoded else (enc >> np.uint32(1)).view(np.int32)  # decoded once per block
+        for a, b in zip(offsets, offsets[1:]):
+            yield values[a:b].copy()  # its own array: a sequence kept by the caller pins no block
+
+
 class FlatTokensSplit:
     """One split (``train`` or ``validation``) of a committed flat-tokens dataset."""
 
@@ -158,8 +289,60 @@ class FlatTokensSplit:
         return self.sequence(i)
 
     def __iter__(self) -> Iterator[np.ndarray]:
-        for i in range(self.num_sequences):
-            yield self.sequence(i)
+        """Token ids (int32) of every sequence, in order, read block by block (iter_sequences)."""
+        return self.iter_sequences()
+
+    def iter_sequences(self, start: int = 0, stop: int | None = None) -> Iterator[np.ndarray]:
+        """Token ids (int32) of sequences start..stop-1, in order: each chunk is read and
+        decompressed once (see _sequence_blocks), unlike a loop over sequence(i)."""
+        return _ids_of(self._sequence_blocks(*self._range(start, stop)), encoded=False)
+
+    def iter_encoded(self, start: int = 0, stop: int | None = None) -> Iterator[np.ndarray]:
+        """The stored (encoded, uint32) tokens of sequences start..stop-1, in order, like
+        iter_sequences."""
+        return _ids_of(self._sequence_blocks(*self._range(start, stop)), encoded=True)
+
+    def _range(self, start, stop) -> tuple[int, int]:
+        stop = self.num_sequences if stop is None else stop
+        start, stop = _count(start, "start", 0), _count(stop, "stop", 0)
+        if not start <= stop <= self.num_sequences:
+            raise IndexError(f"sequence range [{start}, {stop}) not within [0, {self.num_sequences}]")
+        return start, stop
+
+    def _sequence_blocks(self, start: int, stop: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Sequences start..stop-1 in order, as (encoded, bounds) pairs: `encoded` holds whole
+        sequences and `bounds` (int64, one longer) their offsets in it.
+
+        Both arrays are read forward in chunk-aligned reads of about TOKENS_READ tokens and
+        STARTS_READ starts, so each chunk is decompressed once. A sequence that crosses a read's
+        end is completed by the next read; one longer than a read comes out whole from one larger
+        read. Memory: about one read of each array, or the longest sequence if it is longer."""
+        if start == stop:
+            return
+        t_unit, s_unit = _read_unit(self._tokens, TOKENS_READ), _read_unit(self._starts, STARTS_READ)
+        buf, buf_lo, buf_hi = np.empty(0, np.uint32), -1, -1  # buf = encoded_tokens[buf_lo:buf_hi]
+        carry: list[int] = []  # the last start read: the first bound of the next read's sequences
+        lo = start
+        while lo <= stop:  # seq_starts[start:stop + 1], one aligned read at a time
+            hi = min(stop + 1, (lo // s_unit + 1) * s_unit)
+            bounds = np.concatenate([np.array(carry, np.int64), np.asarray(self._starts[lo:hi]).astype(np.int64)])
+            carry, lo = [int(bounds[-1])], hi
+            if buf_hi < 0:
+                buf_lo = buf_hi = int(bounds[0]) // t_unit * t_unit
+            i, n = 0, bounds.size - 1
+            while i < n:
+                a = int(bounds[i])
+                if bounds[i + 1] > buf_hi:  # sequence i ends beyond the buffer: read on, aligned
+                    new_hi = min(self.num_tokens, _round_up(int(bounds[i + 1]), t_unit))
+                    new = np.asarray(self._tokens[buf_hi:new_hi])
+                    if a < buf_hi:
+                        buf, buf_lo = np.concatenate([buf[a - buf_lo:], new]), a
+                    else:
+                        buf, buf_lo = new, buf_hi
+                    buf_hi = new_hi
+                j = min(n, int(np.searchsorted(bounds, buf_hi, "right")) - 1)  # i..j-1 are whole in buf
+                yield buf[a - buf_lo:int(bounds[j]) - buf_lo], bounds[i:j + 1] - a
+                i = j
 
     def sequence_bounds(self, i) -> tuple[int, int]:
         """[start, end) of sequence i in encoded_tokens: one read of seq_starts[i:i+2]."""
@@ -219,6 +402,77 @@ class FlatTokensSplit:
         for row, i in enumerate(indices):
             windows[row] = self.packed(i, length)
         return inputs_targets(windows)
+
+    def packed_batches(self, length: int, batch_size: int, *, seed: int = 0, start_step: int = 0,
+                       epochs: int | None = None, block_tokens: int = BLOCK_TOKENS,
+                       buffer_blocks: int = BUFFER_BLOCKS) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Shuffled batches of full windows: (inputs, targets), int32 of shape (batch_size, length).
+
+        The windows form a stream: epoch 0, then epoch 1, ...; each epoch holds every full window
+        (``num_windows(length)``) exactly once, in an order drawn from (seed, epoch). Batch k is
+        stream positions [k*batch_size, (k+1)*batch_size): a pure function of (seed, k) and the
+        arguments, so ``start_step=k`` resumes exactly at batch k without reading what precedes
+        it. With ``epochs=None`` the stream never ends and every batch is full (a batch may hold
+        the end of one epoch and the start of the next); with ``epochs=n`` it ends after n
+        epochs, and its last batch is smaller when n * num_windows is not a multiple of
+        batch_size. No full window: no batches.
+
+        Reads are contiguous blocks of about `block_tokens` tokens (whole windows); a shuffle
+        buffer of `buffer_blocks` blocks drawn from the whole split is read at once (the next one
+        in the background while this one is served) and its windows shuffled. Memory: about two
+        buffers, 2 * 4 * block_tokens * buffer_blocks bytes (256 MB by default). The order
+        depends on block_tokens and buffer_blocks: resume with the same values."""
+        length = _positive(length)
+        batch_size = _count(batch_size, "batch_size")
+        start_step = _count(start_step, "start_step", 0)
+        seed = _count(seed, "seed", 0)
+        if seed >= 1 << 64:
+            raise ValueError(f"seed must be < 2**64, got {seed}")
+        if epochs is not None:
+            epochs = _count(epochs, "epochs", 0)
+        order = _WindowOrder(self.num_windows(length), max(1, _count(block_tokens, "block_tokens") // length),
+                             _count(buffer_blocks, "buffer_blocks"), seed)
+        return self._packed_batches(order, length, batch_size, start_step, epochs)
+
+    def _packed_batches(self, order: _WindowOrder, length: int, batch_size: int, start_step: int,
+                        epochs: int | None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        if order.num_windows == 0:
+            return
+        total = None if epochs is None else epochs * order.num_windows  # stream positions
+        position = start_step * batch_size
+        pool = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="flat-tokens-read")
+        try:
+            current = upcoming = None
+            while total is None or position < total:
+                stop = position + batch_size if total is None else min(position + batch_size, total)
+                pieces = []
+                while position < stop:
+                    if current is None or not current.first <= position < current.end:
+                        current = (upcoming if upcoming is not None and upcoming.first <= position < upcoming.end
+                                   else self._start_buffer(order, position, length, pool))
+                        upcoming = (self._start_buffer(order, current.end, length, pool)
+                                    if total is None or current.end < total else None)
+                    take = min(stop, current.end) - position
+                    pieces.append(current.windows(position, take))
+                    position += take
+                yield inputs_targets(pieces[0] if len(pieces) == 1 else np.concatenate(pieces))
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def _start_buffer(self, order: _WindowOrder, position: int, length: int,
+                      pool: ThreadPoolExecutor) -> _ShuffleBuffer:
+        """The shuffle buffer holding stream position `position`, its blocks read by `pool`."""
+        first, end, ranges, serving = order.buffer_at(position)
+        rows = np.empty((end - first, length), np.uint32)
+        reads, row = [], 0
+        for window, count in ranges:
+            reads.append(pool.submit(self._read_windows, rows[row:row + count], window, length))
+            row += count
+        return _ShuffleBuffer(first, end, rows, reads, serving)
+
+    def _read_windows(self, out: np.ndarray, window: int, length: int) -> None:
+        """Reads len(out) consecutive windows, from `window` on, into out: one contiguous read."""
+        out[...] = np.asarray(self._tokens[window * length:(window + len(out)) * length]).reshape(out.shape)
 
 
 def open_dataset(url: str, storage_options: dict | None = None) -> dict[str, FlatTokensSplit]:

@@ -1,10 +1,10 @@
-"""Smoke test of benchmarks/bench_pipeline.py on a tiny corpus: it runs end to end and
-reports every field (no timing assertions: the numbers depend on the machine)."""
+"""Smoke tests of benchmarks/bench_pipeline.py and bench_reader.py on tiny inputs: they run end to end and
+report every field (no timing assertions: the numbers depend on the machine)."""
 import json
 import subprocess
 import sys
 
-from tests.helpers import REPO, SAMPLE, write_jsonl
+from tests.helpers import REPO, SAMPLE, run_pipeline, write_jsonl
 
 BENCH = REPO / "benchmarks" / "bench_pipeline.py"
 
@@ -43,3 +43,25 @@ def test_bench_pipeline_smoke(tmp_path):
     assert r["profile"]["self_time"] and r["profile"]["total_seconds"] > 0
     assert r["scale"]["k"] == 2 and r["scale"]["ratio"] > 0 and r["scale"]["tokens_kx"] == 2 * tokens["a"]
     assert not any(work.iterdir()), "the work directory is removed without --keep"
+
+
+def test_bench_reader_smoke(tmp_path):
+    texts = [json.loads(line)["text"] for line in open(SAMPLE / "corpus-1.jsonl", encoding="utf-8")][:200]
+    dataset = tmp_path / "ds.zarr"
+    run_pipeline("--input", write_jsonl(tmp_path / "tiny.jsonl", texts), "--tokenizer", "bytes", "--output", dataset)
+    results = tmp_path / "bench-reader.json"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "bench_reader.py"), "--dataset", str(dataset), "--rounds", "1",
+         "--length", "64", "--batch", "4", "--sample", "5", "--json", str(results)],
+        cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
+    for field in ("(1) iterate all sequences", "(2) packed_batches, one epoch", "(3) raw zarr", "(4) sequence(i)",
+                  "tokens/s", "loop CPU s", "peak RSS MB", "load average", "targets"):
+        assert field in proc.stdout, f"{field!r} missing from:\n{proc.stdout}"
+    r = json.loads(results.read_text())
+    m = r["medians"]
+    tokens = r["dataset_info"]["tokens"]
+    assert m["iterate"]["tokens"] == m["raw"]["tokens"] == tokens > 0
+    assert m["packed"]["tokens"] == tokens // 64 * 64
+    assert 0 < m["per_sequence"]["tokens"] < tokens
+    assert all(v["tokens_per_second"] > 0 and v["cpu_seconds"] > 0 and v["peak_rss_mb"] > 0 for v in m.values())

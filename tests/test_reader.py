@@ -1,7 +1,10 @@
 """pipeline.reader on datasets written by the real pipeline, and on the format's worked example."""
 import importlib.util
 import json
+import os
 import pickle
+import subprocess
+import sys
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
@@ -9,9 +12,11 @@ import numpy as np
 import pytest
 import zarr
 
+from pipeline import reader
 from pipeline.reader import (DatasetError, FlatTokensSplit, UncommittedDataset, inputs_targets,
                              open_dataset)
-from tests.helpers import CHECKER, run_pipeline
+from tests.gcs_emulator import BUCKET, gcs  # noqa: F401 - pytest fixture
+from tests.helpers import CHECKER, REPO, SAMPLE, run_pipeline, write_jsonl
 
 EXAMPLE = [[1, 2], [3, 4, 5], [6, 7, 8]]  # the worked example of docs/flat-tokens.md
 
@@ -263,3 +268,254 @@ def test_refuses_a_missing_path_and_a_missing_split(tmp_path, example):
     url = write_dataset(str(tmp_path / "one.zarr"), {"train": EXAMPLE})
     with pytest.raises(DatasetError, match="no split group validation"):
         open_dataset(url)
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading for trainers: iterating sequences block by block, and packed_batches
+
+
+def raw_arrays(path, split="train"):
+    """encoded_tokens and seq_starts of a split, read whole with zarr alone."""
+    g = zarr.open_group(str(path), mode="r")[split]
+    return g["encoded_tokens"][:], g["seq_starts"][:].astype(np.int64)
+
+
+def raw_encoded_sequences(path, split="train"):
+    tokens, starts = raw_arrays(path, split)
+    return [tokens[a:b] for a, b in zip(starts[:-1].tolist(), starts[1:].tolist())]
+
+
+def expected_rows(path, length, split="train"):
+    """Every full window's inputs and targets, derived here from the raw tokens by the format's
+    rule, as one row [inputs | targets] per window, sorted (a multiset: windows may repeat)."""
+    tokens, _ = raw_arrays(path, split)
+    w = tokens[:tokens.size // length * length].reshape(-1, length)
+    targets = (w >> 1).astype(np.int32)
+    inputs = np.zeros_like(targets)
+    inputs[:, 1:] = np.where(w[:, 1:] & 1, 0, targets[:, :-1])
+    return sorted_rows(inputs, targets)
+
+
+def sorted_rows(inputs, targets):
+    rows = np.concatenate([inputs, targets], axis=1)
+    return rows[np.lexsort(rows.T[::-1])]
+
+
+def take(batches, n):
+    return [next(batches) for _ in range(n)]
+
+
+def stacked(batches):
+    return (np.concatenate([i for i, _ in batches]), np.concatenate([t for _, t in batches]))
+
+
+class ReadSpy:
+    """Stands in for a zarr array: records every slice read (from any thread), then reads it."""
+
+    def __init__(self, arr):
+        self.arr, self.shape, self.chunks, self.reads = arr, arr.shape, arr.chunks, []
+
+    def __getitem__(self, key):
+        self.reads.append((key.start, key.stop))
+        return self.arr[key]
+
+
+@pytest.fixture(scope="module")
+def tiny_chunks(tmp_path_factory):
+    """The real pipeline with 16-token and 2-entry chunks: sequences span many chunks."""
+    root = tmp_path_factory.mktemp("tiny")
+    texts = input_texts(SAMPLE)[:60] + ["y" * 3000, "z", "naïve café — 東京 🚀"]
+    write_jsonl(root / "in.jsonl", texts)
+    out = root / "tiny.zarr"
+    run_pipeline("--input", root / "in.jsonl", "--output", out, "--tokenizer", "bytes",
+                 "--validation_fraction", "0.1", "--tokens_chunk_size", "16", "--seq_starts_chunk_size", "2")
+    return out
+
+
+@pytest.mark.parametrize("reads", ["default", "tiny"])
+def test_iteration_equals_a_raw_read(bytes_dataset, tiny_chunks, reads, monkeypatch):
+    if reads == "tiny":  # reads far shorter than most sequences: each is stitched from many
+        monkeypatch.setattr(reader, "TOKENS_READ", 40)
+        monkeypatch.setattr(reader, "STARTS_READ", 3)
+    for path in (bytes_dataset, tiny_chunks):
+        for name, split in open_dataset(str(path)).items():
+            want = raw_encoded_sequences(path, name)
+            assert len(want) > 0
+            got = list(split)
+            assert [s.dtype for s in got[:3]] == [np.int32] * 3
+            assert [s.tolist() for s in got] == [(w >> 1).tolist() for w in want]
+            assert [s.tolist() for s in split.iter_encoded()] == [w.tolist() for w in want]
+            n = len(want)
+            for lo, hi in ((0, 1), (n // 3, n // 2), (n - 1, n), (n, n), (5, 5)):
+                assert [s.tolist() for s in split.iter_sequences(lo, hi)] == [(w >> 1).tolist() for w in want[lo:hi]]
+
+
+def test_iteration_reads_each_chunk_once_in_aligned_reads(bytes_dataset, monkeypatch):
+    """Not one read per sequence: encoded_tokens and seq_starts are each read forward once, in
+    chunk-aligned pieces that tile them (the 50,000-token document comes out of one longer read)."""
+    monkeypatch.setattr(reader, "TOKENS_READ", 10_000)
+    monkeypatch.setattr(reader, "STARTS_READ", 20)
+    train = FlatTokensSplit(str(bytes_dataset))
+    train._tokens, train._starts = tokens, starts = ReadSpy(train._tokens), ReadSpy(train._starts)
+    lengths = [s.size for s in train]
+    assert max(lengths) == 50_000 and len(lengths) == len(train)
+    for spy, total in ((tokens, train.num_tokens), (starts, len(train) + 1)):
+        chunk = spy.chunks[0]
+        assert [a for a, _ in spy.reads] == [0] + [b for _, b in spy.reads[:-1]]  # forward, no overlap
+        assert spy.reads[-1][1] == total
+        assert all(a % chunk == 0 for a, _ in spy.reads)
+        assert len(spy.reads) < len(train) / 10
+    unit = -(-10_000 // tokens.chunks[0]) * tokens.chunks[0]  # 10,000 rounded up to whole chunks
+    assert {b - a for a, b in tokens.reads[:-1]} - {unit} != set()  # the long document's own read
+    assert max(b - a for a, b in tokens.reads) > 3 * unit
+
+
+def test_iteration_of_one_huge_sequence_and_of_an_empty_split(tmp_path):
+    rng = np.random.default_rng(5)
+    seqs = [[7, 8], rng.integers(0, 50_000, 1_300_000).tolist(), [9], [1, 2, 3]]
+    url = write_dataset(str(tmp_path / "huge.zarr"), {"train": seqs, "validation": []}, chunk=1 << 16)
+    splits = open_dataset(url)
+    assert [s.tolist() for s in splits["train"]] == seqs
+    assert [s.tolist() for s in splits["train"].iter_sequences(1, 3)] == seqs[1:3]
+    assert list(splits["validation"]) == [] and list(splits["validation"].iter_encoded()) == []
+    assert list(splits["validation"].packed_batches(4, 2)) == []  # no window: an empty stream, at once
+    with pytest.raises(IndexError):
+        splits["train"].iter_sequences(2, 5)
+
+
+def test_an_epoch_holds_every_full_window_exactly_once(bytes_dataset):
+    train = FlatTokensSplit(str(bytes_dataset))
+    length, batch = 64, 7
+    n = train.num_windows(length)
+    assert n % batch and train.num_tokens % length  # a short last batch, and a dropped tail
+    for sizes in ({}, {"block_tokens": 5 * length, "buffer_blocks": 3}):
+        batches = list(train.packed_batches(length, batch, seed=1, epochs=1, **sizes))
+        assert [t.shape for _, t in batches] == [(batch, length)] * (n // batch) + [(n % batch, length)]
+        assert all(i.dtype == t.dtype == np.int32 for i, t in batches)
+        inputs, targets = stacked(batches)
+        assert np.array_equal(sorted_rows(inputs, targets), expected_rows(bytes_dataset, length))
+        tokens, _ = raw_arrays(bytes_dataset)
+        assert not np.array_equal(targets, (tokens[:n * length].reshape(n, length) >> 1))  # shuffled
+
+
+def test_windows_are_read_as_contiguous_blocks_once_per_epoch(bytes_dataset):
+    train = FlatTokensSplit(str(bytes_dataset))
+    train._tokens = spy = ReadSpy(train._tokens)
+    length, block = 64, 10
+    n = train.num_windows(length)
+    list(train.packed_batches(length, 8, epochs=1, block_tokens=block * length, buffer_blocks=4))
+    want = [(k * length, min(k + block, n) * length) for k in range(0, n, block)]
+    assert sorted(spy.reads) == want  # each block once, whole: not one read per window
+    assert spy.reads != want  # in a shuffled block order
+
+
+def test_the_stream_goes_on_epoch_after_epoch(bytes_dataset):
+    train = FlatTokensSplit(str(bytes_dataset))
+    length, batch = 64, 7
+    n = train.num_windows(length)
+    sizes = {"block_tokens": 4 * length, "buffer_blocks": 5}
+    endless = take(train.packed_batches(length, batch, seed=3, **sizes), -(-3 * n // batch))
+    assert all(t.shape == (batch, length) for _, t in endless)  # every batch full, even across epochs
+    inputs, targets = stacked(endless)
+    want = expected_rows(bytes_dataset, length)
+    for e in range(3):
+        assert np.array_equal(sorted_rows(inputs[e * n:(e + 1) * n], targets[e * n:(e + 1) * n]), want)
+    assert not np.array_equal(targets[:n], targets[n:2 * n])  # each epoch reshuffled
+    two = list(train.packed_batches(length, batch, seed=3, epochs=2, **sizes))
+    assert sum(len(t) for _, t in two) == 2 * n
+    assert np.array_equal(stacked(two)[1], targets[:2 * n])  # epochs=2 is the stream's first 2 epochs
+
+
+@pytest.mark.parametrize("sizes", [{}, {"block_tokens": 3 * 64, "buffer_blocks": 4}], ids=["default", "small"])
+def test_start_step_resumes_exactly(bytes_dataset, sizes):
+    train = FlatTokensSplit(str(bytes_dataset))
+    length, batch = 64, 9
+    n = train.num_windows(length)
+    steps = -(-2 * n // batch) + 2  # past the end of epoch 1
+    full = take(train.packed_batches(length, batch, seed=11, **sizes), steps)
+    for k in (1, 5, n // batch, n // batch + 1, steps - 3):
+        again = FlatTokensSplit(str(bytes_dataset))  # a restarted job
+        resumed = take(again.packed_batches(length, batch, seed=11, start_step=k, **sizes), steps - k)
+        for (i0, t0), (i1, t1) in zip(full[k:], resumed, strict=True):
+            assert np.array_equal(i0, i1) and np.array_equal(t0, t1)
+    last = list(train.packed_batches(length, batch, seed=11, epochs=1, start_step=n // batch, **sizes))
+    assert len(last) == 1 and np.array_equal(last[0][1], full[n // batch][1][:n % batch])
+    assert list(train.packed_batches(length, batch, seed=11, epochs=1, start_step=n // batch + 1, **sizes)) == []
+
+
+def test_seeds_give_different_orders(bytes_dataset):
+    train = FlatTokensSplit(str(bytes_dataset))
+    first = {seed: stacked(take(train.packed_batches(64, 16, seed=seed), 4))[1] for seed in (0, 1, 2**40)}
+    assert not np.array_equal(first[0], first[1]) and not np.array_equal(first[1], first[2**40])
+    assert np.array_equal(stacked(take(train.packed_batches(64, 16, seed=1), 4))[1], first[1])
+
+
+def test_packed_batches_refuses_bad_arguments(example):
+    train = FlatTokensSplit(example)
+    for kwargs, error in (({"length": 0}, ValueError), ({"batch_size": 0}, ValueError),
+                          ({"seed": -1}, ValueError), ({"seed": 2**64}, ValueError),
+                          ({"start_step": -1}, ValueError), ({"seed": 1.5}, TypeError),
+                          ({"epochs": -1}, ValueError), ({"buffer_blocks": 0}, ValueError)):
+        with pytest.raises(error):
+            train.packed_batches(**{"length": 4, "batch_size": 2, **kwargs})  # at the call, not later
+    inputs, targets = next(train.packed_batches(4, 2))  # the worked example: two windows
+    assert sorted(targets.tolist()) == [[1, 2, 3, 4], [5, 6, 7, 8]]
+    assert sorted(inputs.tolist()) == [[0, 0, 6, 7], [0, 1, 0, 3]]
+
+
+WORKER = """
+import pickle, sys
+import numpy as np
+from pipeline.reader import FlatTokensSplit
+job = pickle.load(sys.stdin.buffer)
+split = pickle.loads(job["split"]) if "split" in job else FlatTokensSplit(job["url"], "train")
+batches = split.packed_batches(64, 8, seed=4, start_step=job["start"])
+done = {"batches": [next(batches) for _ in range(job["count"])], "split": pickle.dumps(split)}
+if job.get("sequences"):
+    done["sequences"] = [s.tolist() for s in split]
+with open(job["out"], "wb") as f:
+    pickle.dump(done, f)
+"""
+
+
+def in_a_worker(tmp_path, env=None, **job):
+    """Runs WORKER in a fresh interpreter (as a DataLoader worker would be): it opens the split
+    (or unpickles job["split"]) and serves `count` batches from `start`; returns what it did."""
+    out = tmp_path / f"worker-{len(list(tmp_path.glob('worker-*')))}.pickle"
+    proc = subprocess.run([sys.executable, "-c", WORKER], input=pickle.dumps({**job, "out": str(out)}),
+                          cwd=REPO, capture_output=True, timeout=300, env={**os.environ, **(env or {})})
+    assert proc.returncode == 0, proc.stderr.decode()[-3000:]
+    return pickle.loads(out.read_bytes())
+
+
+def assert_same_batches(a, b):
+    assert len(a) == len(b)
+    for (i0, t0), (i1, t1) in zip(a, b):
+        assert np.array_equal(i0, i1) and np.array_equal(t0, t1)
+
+
+def test_a_pickled_split_goes_on_with_the_same_batches(bytes_dataset, tmp_path):
+    train = FlatTokensSplit(str(bytes_dataset))
+    batches = train.packed_batches(64, 8, seed=4)
+    first = take(batches, 3)  # mid-use
+    copy = pickle.loads(pickle.dumps(train))
+    want = take(batches, 4)
+    assert_same_batches(take(copy.packed_batches(64, 8, seed=4, start_step=3), 4), want)
+    worker = in_a_worker(tmp_path, split=pickle.dumps(train), start=3, count=4)
+    assert_same_batches(worker["batches"], want)
+    assert_same_batches(first, in_a_worker(tmp_path, split=worker["split"], start=0, count=3)["batches"])
+
+
+def test_gs_iteration_and_batches_equal_local(gcs, bytes_dataset, tmp_path):
+    """The real GCS emulator: the dataset uploaded, read back through gcsfs in another process,
+    whose split, pickled mid-use, goes on in a third. (In other processes because gcsfs picks
+    its filesystem class at import, from the environment: gcs.env makes it skip the gRPC probe
+    that the emulator cannot answer.)"""
+    gcs.fs.put(str(bytes_dataset) + "/", f"{BUCKET}/reader.zarr/", recursive=True)
+    local = FlatTokensSplit(str(bytes_dataset))
+    want = take(local.packed_batches(64, 8, seed=4), 7)
+    first = in_a_worker(tmp_path, gcs.env, url=f"gs://{BUCKET}/reader.zarr", start=0, count=4, sequences=True)
+    assert first["sequences"] == [s.tolist() for s in local]
+    assert_same_batches(first["batches"], want[:4])
+    assert b"gs://" in first["split"]
+    assert_same_batches(in_a_worker(tmp_path, gcs.env, split=first["split"], start=4, count=3)["batches"], want[4:])
