@@ -38,10 +38,10 @@ class FlatTokensOptions(PipelineOptions):
         g.add_argument("--seed", type=int, default=0, help="seed of the global shuffle and the split (default 0)")
         g.add_argument("--validation_input", action="append", default=None,
                        help="JSONL file/glob that forms the validation split (repeatable); when given, "
-                            "all of --input is train")
+                            "all of --input is train (so --validation_fraction is refused)")
         g.add_argument("--validation_fraction", type=float, default=None,
                        help=f"fraction of --input documents put in validation, chosen by a seeded hash "
-                            f"(default {DEFAULT_VALIDATION_FRACTION}, or 0 with --validation_input)")
+                            f"(default {DEFAULT_VALIDATION_FRACTION}; not allowed with --validation_input)")
         g.add_argument("--num_shards", type=int, default=0,
                        help=f"shuffle shards per split (0 = auto: one per ~{DEFAULT_SHARD_MB} MB of text). "
                             f"Changes parallelism and memory only, never the output")
@@ -91,6 +91,10 @@ def check_options(o: FlatTokensOptions) -> None:
             raise OptionError(f"--{name} is required")
     if o.validation_fraction is not None and not 0 <= o.validation_fraction < 1:
         raise OptionError(f"--validation_fraction {o.validation_fraction}: must be in [0, 1)")
+    if o.validation_fraction and o.validation_input:
+        # With --validation_input all of --input is train: a fraction would be silently ignored.
+        raise OptionError(f"--validation_fraction {o.validation_fraction} cannot be combined with "
+                          f"--validation_input (then all of --input is train); give only one of them")
     if not 0 <= o.tokenizer_check_fraction <= 1:
         raise OptionError(f"--tokenizer_check_fraction {o.tokenizer_check_fraction}: must be in [0, 1]")
     if not 0 <= o.max_rejected_fraction <= 1:
