@@ -18,7 +18,7 @@ from pipeline import __version__
 from pipeline.options import DEFAULT_SHARD_MB, FlatTokensOptions, validation_fraction
 from transforms.commit import CommitDataset, SumCounts
 from transforms.inputs import InputFile, check_readable, list_input_files, read_ranges
-from transforms.read_jsonl import ReadJsonlDocuments, peek_documents
+from transforms.read_jsonl import ReadJsonlDocuments, check_text_key, peek_input
 from transforms.records import TokenizedBatch
 from transforms.rejected import CheckRejectedFraction, WriteRejectedLines
 from transforms.shuffle import ShuffleGlobally
@@ -74,9 +74,9 @@ def plan_job(o: FlatTokensOptions, storage_options: dict | None = None, run_id: 
     else:
         num_shards = {"train": auto_shards(train_bytes * (1 - fraction)),
                       "validation": auto_shards(train_bytes * fraction + _text_bytes(valid_files))}
-    first_documents = [] if o.tokenizer == "bytes" else peek_documents(
-        train_files + valid_files, GUARD_DOCUMENTS, o.text_key, storage_options)
-    tokenizer = resolve_tokenizer(o.tokenizer, storage_options, o.tokenizer_backend, first_documents,
+    peek = peek_input(train_files + valid_files, GUARD_DOCUMENTS, o.text_key, storage_options)
+    check_text_key(peek, o.text_key)  # for every tokenizer: a wrong key would reject every line
+    tokenizer = resolve_tokenizer(o.tokenizer, storage_options, o.tokenizer_backend, peek.texts,
                                   o.tokenizer_check_fraction)
     target = StoreTarget(
         url=o.output, zarr_format=o.zarr_format, tokens_chunk=o.tokens_chunk_size,

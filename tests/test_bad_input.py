@@ -170,3 +170,41 @@ def test_bad_configuration_fails_fast_naming_the_culprit(tmp_path):
     assert "--validation_fraction" in usage_error(tmp_path, "--input", good_input, *out, "--tokenizer", "bytes",
                                                   "--validation_fraction", "1.5")
     assert not (tmp_path / "o.zarr").exists()
+
+
+def keyed_records(n, start=0):
+    """Records whose text is under `content`, beside a short string `id` and a nested `meta`."""
+    return [{"id": f"doc-{i}", "content": f"the text of document {i}, longer than its id",
+             **({"meta": {"n": i}} if i % 4 == 0 else {})} for i in range(start, start + n)]
+
+
+def write_records(path, records):
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+@pytest.mark.parametrize("tokenizer", ["bytes", "bpe"])
+def test_a_wrong_text_key_is_refused_at_launch_naming_the_keys_there_are(tmp_path, bpe_tokenizer, tokenizer):
+    """It used to run and reject 100% of the lines as missing_text_key, with no hint."""
+    corpus = write_records(tmp_path / "corpus.jsonl", keyed_records(300))
+    msg = usage_error(tmp_path, "--input", corpus, "--output", tmp_path / "o.zarr",
+                      "--tokenizer", "bytes" if tokenizer == "bytes" else bpe_tokenizer)
+    assert "--text_key text" in msg and str(corpus) in msg, msg
+    # the keys the records do have, most common first, and the one that holds their text
+    keys = msg.split("their keys: ", 1)[1]
+    assert keys in ("content (256), id (256), meta (64); use --text_key content",
+                    "id (256), content (256), meta (64); use --text_key content"), msg
+    assert not (tmp_path / "o.zarr").exists() and not (tmp_path / "o.zarr.rejected").exists()
+
+
+def test_a_text_key_missing_later_in_the_input_fails_the_job_with_the_same_hint(tmp_path):
+    """The launch check sees documents in the first file; the second file names its text otherwise."""
+    write_jsonl(tmp_path / "in" / "a.jsonl", [f"fine {i}" for i in range(10)])
+    write_records(tmp_path / "in" / "b.jsonl", keyed_records(40))
+    proc = run_pipeline("--input", tmp_path / "in", "--output", tmp_path / "o.zarr", "--tokenizer", "bytes",
+                        check=False)
+    assert proc.returncode == 1, proc.stderr
+    message = proc.stderr.strip().splitlines()[-1]
+    assert "40 of 50 non-blank input lines were rejected" in message and "missing_text_key 40" in message
+    assert "Is --text_key right?" in message and "use --text_key content" in message, message
+    assert "id (16), content (16)" in message or "content (16), id (16)" in message, message

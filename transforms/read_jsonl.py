@@ -1,32 +1,65 @@
 """ReadJsonlDocuments: byte ranges of JSONL files -> batches of documents, plus an account
 of every line that is not a document (blank lines counted, rejected lines reported)."""
 from collections import Counter
+from dataclasses import dataclass
 
 import apache_beam as beam
 import numpy as np
 
 from transforms import jsonl
-from transforms.inputs import ReadRange, open_input
+from transforms.inputs import InputError, ReadRange, open_input
 from transforms.progress import ProgressFile
 from transforms.records import DocumentBatch
 
 REJECTED = "rejected"
 LINE_COUNTS = "line_counts"
 COUNTS = "counts"
+# Lines without --text_key whose keys each range reports (for the failure message's hint).
+CENSUS_LINES_PER_RANGE = 16
+
+
+@dataclass
+class Peek:
+    """The first lines of the input, looked at before the run."""
+    texts: list[str]  # the first documents, in file order (for the tokenizer guard)
+    files: list[str]  # the files those lines came from
+    lacking: jsonl.KeyCensus  # the keys of the objects that lack --text_key
+
+
+def peek_input(files, count: int, text_key: str, storage_options: dict | None = None) -> Peek:
+    """Reads the input's first lines, in file order, until `count` documents, or `count`
+    non-blank lines that are not documents (so a wrong --text_key does not read it all)."""
+    peek = Peek([], [], jsonl.KeyCensus())
+    others = 0
+    for f in files:
+        peek.files.append(f.url)
+        with open_input(f, storage_options) as fh:
+            for _, raw in jsonl.iter_lines(fh):
+                text, reason = jsonl.parse_line(raw, text_key)
+                if text is not None:
+                    peek.texts.append(text)
+                elif reason is not None:
+                    others += 1
+                    if reason == jsonl.MISSING_TEXT_KEY:
+                        peek.lacking.add(jsonl.load_object(raw))
+                if len(peek.texts) >= count or others >= count:
+                    return peek
+    return peek
 
 
 def peek_documents(files, count: int, text_key: str, storage_options: dict | None = None) -> list[str]:
     """The first `count` documents of the input, in file order (for checks before the run)."""
-    texts = []
-    for f in files:
-        with open_input(f, storage_options) as fh:
-            for _, raw in jsonl.iter_lines(fh):
-                text, _ = jsonl.parse_line(raw, text_key)
-                if text is not None:
-                    texts.append(text)
-                    if len(texts) >= count:
-                        return texts
-    return texts
+    return peek_input(files, count, text_key, storage_options).texts
+
+
+def check_text_key(peek: Peek, text_key: str) -> None:
+    """Raises InputError when none of the first JSON objects has --text_key: the run would
+    reject every line as missing_text_key. The message names the keys they do have."""
+    if peek.texts or not peek.lacking.objects:
+        return
+    where = peek.files[0] + (f" and {len(peek.files) - 1} more file(s)" if len(peek.files) > 1 else "")
+    raise InputError(f"--text_key {text_key}: none of the first {peek.lacking.objects} JSON objects of the input "
+                     f"({where}) has this key; their keys: {peek.lacking.describe()}")
 
 
 class ReadRangeFn(beam.DoFn):
@@ -52,6 +85,7 @@ class ReadRangeFn(beam.DoFn):
 
     def process(self, rng: ReadRange):
         counts = Counter()
+        lacking = jsonl.KeyCensus()
         offsets, texts = [], []
         text_bytes = line_bytes = 0
 
@@ -81,6 +115,8 @@ class ReadRangeFn(beam.DoFn):
                 else:
                     counts["rejected"] += 1
                     counts["rejected:" + reason] += 1
+                    if reason == jsonl.MISSING_TEXT_KEY and lacking.objects < CENSUS_LINES_PER_RANGE:
+                        lacking.add(jsonl.load_object(raw))
                     yield beam.pvalue.TaggedOutput(REJECTED, {
                         "file": rng.file.url, "file_key": rng.file.key, "range_start": rng.start,
                         "line_in_range": counts["lines"], "offset": offset, "reason": reason,
@@ -89,7 +125,7 @@ class ReadRangeFn(beam.DoFn):
         if texts:
             yield batch()
         yield beam.pvalue.TaggedOutput(LINE_COUNTS, (rng.file.key, rng.start, counts["lines"]))
-        yield beam.pvalue.TaggedOutput(COUNTS, counts)
+        yield beam.pvalue.TaggedOutput(COUNTS, counts + lacking.to_counts())
 
 
 class ReadJsonlDocuments(beam.PTransform):
