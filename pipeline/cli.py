@@ -2,7 +2,7 @@
 import importlib
 import sys
 
-from pipeline import logs  # noqa: F401 (before apache_beam: it filters Beam's import-time noise)
+from pipeline import VERSION, logs  # noqa: F401 (logs before apache_beam: it filters Beam's import-time noise)
 
 COMMANDS = {
     "run": ("pipeline.run", "turn a JSONL corpus into a shuffled, tokenized flat-tokens dataset"),
@@ -13,7 +13,8 @@ COMMANDS = {
 
 def usage() -> str:
     rows = "\n".join(f"  {name:8} {text}" for name, (_, text) in COMMANDS.items())
-    return f"usage: flat-tokens COMMAND [options]\n\ncommands:\n{rows}\n\n`flat-tokens COMMAND --help` for a command's options."
+    return (f"usage: flat-tokens COMMAND [options]\n       flat-tokens --version\n\ncommands:\n{rows}\n\n"
+            f"`flat-tokens COMMAND --help` for a command's options.")
 
 
 def main(argv=None) -> int:
@@ -21,6 +22,9 @@ def main(argv=None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(usage())
         return 0 if argv else 2
+    if argv[0] == "--version":
+        print(VERSION)
+        return 0
     if argv[0] not in COMMANDS:
         print(f"flat-tokens: error: unknown command {argv[0]!r}\n\n{usage()}", file=sys.stderr)
         return 2

@@ -4,10 +4,13 @@ import argparse
 
 from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
 
+from pipeline import VERSION
+
 DEFAULT_VALIDATION_FRACTION = 0.01
 DEFAULT_TOKENS_CHUNK = 1 << 18  # measured: docs/design.md, 'Chunks and codecs'
 DEFAULT_SEQ_STARTS_CHUNK = 1 << 16
 DEFAULT_SHARD_MB = 64
+REQUIRED = ("input", "output", "tokenizer")  # checked by check_options, so Beam's parser keeps them optional
 
 
 class OptionError(ValueError):
@@ -86,7 +89,7 @@ class FlatTokensOptions(PipelineOptions):
 
 def check_options(o: FlatTokensOptions) -> None:
     """Raises OptionError for a missing or out-of-range value, naming the option."""
-    for name in ("input", "output", "tokenizer"):
+    for name in REQUIRED:
         if not getattr(o, name):
             raise OptionError(f"--{name} is required")
     if o.validation_fraction is not None and not 0 <= o.validation_fraction < 1:
@@ -128,6 +131,9 @@ def unknown_options(argv: list[str]) -> list[str]:
 def help_text() -> str:
     parser = argparse.ArgumentParser(
         prog="flat-tokens run",
+        # Short, with the three required options first: argparse's own line lists all 25 options.
+        usage="flat-tokens run --input GLOB --tokenizer SPEC --output PATH [options] [Beam options]\n"
+              "       flat-tokens run --help | --version",
         description="Turn a JSONL corpus into a globally shuffled, tokenized flat-tokens zarr dataset.",
         epilog="Any Apache Beam option is accepted too (--runner, --direct_num_workers, "
                "--direct_running_mode, --job_endpoint, --project, --region, --temp_location, ...).\n\n"
@@ -135,4 +141,8 @@ def help_text() -> str:
                "--output out/corpus.zarr",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     FlatTokensOptions._add_argparse_args(parser)
+    for action in parser._actions:
+        if action.dest in REQUIRED:
+            action.help = "(required) " + action.help
+    parser.add_argument("--version", action="version", version=VERSION, help="print the version and exit")
     return parser.format_help()

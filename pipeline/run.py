@@ -17,7 +17,7 @@ import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 from fsspec.core import url_to_fs
 
-from pipeline import allocator
+from pipeline import VERSION, allocator
 from pipeline.graph import build_pipeline, plan_job
 from pipeline.options import FlatTokensOptions, OptionError, check_options, help_text, unknown_options
 from transforms import zarr_store
@@ -125,6 +125,9 @@ def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--help" in argv or "-h" in argv:
         print(help_text())
+        return 0
+    if "--version" in argv:
+        print(VERSION)
         return 0
     options = PipelineOptions(argv)
     ft = options.view_as(FlatTokensOptions)

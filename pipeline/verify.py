@@ -35,6 +35,7 @@ import fsspec
 import numpy as np
 import zarr
 
+from pipeline import VERSION
 from transforms.inputs import close_gcs_sessions_at_exit
 
 # After `import zarr`, so gcsfs sessions on zarr's event loop close before zarr stops it.
@@ -401,6 +402,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m pipeline.verify",
                                  description="Verify a flat-tokens dataset written by this pipeline.")
     ap.add_argument("path", help="dataset path or fsspec URL (file://, gs://, ...)")
+    ap.add_argument("--version", action="version", version=VERSION)
     ap.add_argument("--block", type=_positive_int, default=DEFAULT_BLOCK,
                     help=f"tokens (and seq_starts entries) read at a time; bounds memory (default {DEFAULT_BLOCK})")
     ap.add_argument("--storage_option", type=_storage_option, action="append", default=[],

@@ -1,5 +1,6 @@
 """What a user sees: the console script, progress lines, the summary and its JSON twin."""
 import json
+import re
 import subprocess
 import sys
 
@@ -46,3 +47,23 @@ def test_the_console_script_dispatches_and_helps(tmp_path):
         assert group in helped.stdout
     assert "example" in helped.stdout and "--runner" in helped.stdout
     assert cli("frobnicate").returncode == 2
+
+
+def cli(*args):
+    return subprocess.run([sys.executable, "-m", "pipeline.cli", *args], cwd=REPO, capture_output=True, text=True)
+
+
+def test_the_usage_line_shows_the_required_options_as_required():
+    usage = cli("run", "--help").stdout.split("\n\n")[0]
+    assert usage.startswith("usage: flat-tokens run")
+    outside_brackets = re.sub(r"\[[^\]]*\]", "", usage)  # argparse writes optional ones as [--name NAME]
+    for name in ("--input", "--tokenizer", "--output"):
+        assert name in outside_brackets, usage
+
+
+def test_version_is_printed_by_the_console_script_and_by_run():
+    from pipeline import __version__
+    for args in (["--version"], ["run", "--version"], ["verify", "--version"], ["inspect", "--version"]):
+        proc = cli(*args)
+        assert (proc.returncode, proc.stdout, proc.stderr) == (0, f"flat-tokens-beam {__version__}\n", ""), args
+    assert "--version" in cli("--help").stdout and "--version" in cli("run", "--help").stdout
