@@ -1,5 +1,7 @@
 """The `flat-tokens` console script: `flat-tokens run|verify|inspect ...`."""
 import importlib
+import os
+import signal
 import sys
 
 from pipeline import VERSION, logs  # noqa: F401 (logs before apache_beam: it filters Beam's import-time noise)
@@ -17,6 +19,24 @@ def usage() -> str:
             f"`flat-tokens COMMAND --help` for a command's options.")
 
 
+# The status of a Unix tool killed by SIGPIPE, as a shell reports it.
+CLOSED_STDOUT = 128 + signal.SIGPIPE
+
+
+def run_command(main, argv=None) -> int:
+    """Runs a command's main(argv). A stdout closed by its reader (`flat-tokens inspect ... |
+    head -2`) ends the command quietly with status 141, as it ends a Unix tool, instead of a
+    BrokenPipeError traceback. (Python ignores SIGPIPE, so the closed pipe is an exception.)"""
+    try:
+        code = main(argv)
+        sys.stdout.flush()  # so a write still in the buffer fails here, not at interpreter exit
+        return code
+    except BrokenPipeError:
+        # Interpreter exit flushes stdout again: point it at /dev/null so that says nothing.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return CLOSED_STDOUT
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
@@ -32,5 +52,10 @@ def main(argv=None) -> int:
     return module.main(argv[1:])
 
 
+def console_script() -> int:
+    """The `flat-tokens` entry point."""
+    return run_command(main)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(console_script())

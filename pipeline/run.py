@@ -155,10 +155,10 @@ def main(argv=None) -> int:
     if code is not None:
         return code
     summary = summarize(ft.output, time.time() - started, plan.target.storage_options)
-    print(format_summary(summary))
-    if ft.summary_json:
+    if ft.summary_json:  # before printing: a closed stdout must not cost the scheduler its JSON
         with open(ft.summary_json, "w") as f:
             json.dump(summary, f, indent=2)
+    print(format_summary(summary))
     return 0
 
 
@@ -190,4 +190,5 @@ def _run(options, plan, ft) -> int | None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from pipeline.cli import run_command
+    sys.exit(run_command(main))

@@ -6,6 +6,7 @@ import sys
 
 import zarr
 
+from pipeline import verify
 from tests.helpers import REPO, run_pipeline, write_jsonl
 
 
@@ -67,3 +68,25 @@ def test_version_is_printed_by_the_console_script_and_by_run():
         proc = cli(*args)
         assert (proc.returncode, proc.stdout, proc.stderr) == (0, f"flat-tokens-beam {__version__}\n", ""), args
     assert "--version" in cli("--help").stdout and "--version" in cli("run", "--help").stdout
+
+
+def run_with_stdout_closed(*args):
+    """Runs a command whose reader has gone before it writes (as `| head -0` leaves it)."""
+    proc = subprocess.Popen([sys.executable, *args], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    proc.stdout.close()
+    stderr = proc.stderr.read()
+    proc.wait(timeout=300)
+    return proc.returncode, stderr
+
+
+def test_a_closed_stdout_ends_every_command_quietly_like_a_unix_tool(tmp_path, corpus):
+    out, summary = tmp_path / "o.zarr", tmp_path / "summary.json"
+    code, stderr = run_with_stdout_closed("-m", "pipeline.run", "--input", f"{corpus}/*.jsonl", "--output", out,
+                                          "--tokenizer", "bytes", "--quiet", "--summary_json", summary)
+    assert (code, stderr) == (141, ""), stderr  # 128 + SIGPIPE, no BrokenPipeError traceback
+    assert verify.verify_dataset(str(out)) == [] and json.loads(summary.read_text())["tokens"] > 0
+    for args in (["-m", "pipeline.verify", out], ["-m", "pipeline.inspect", out], ["-m", "pipeline.cli", "verify", out],
+                 ["-m", "pipeline.cli", "inspect", out, "--json"], ["-m", "pipeline.cli", "--help"]):
+        code, stderr = run_with_stdout_closed(*map(str, args))
+        assert (code, stderr) == (141, ""), (args, stderr)
