@@ -7,7 +7,8 @@ import sys
 import zarr
 
 from pipeline import verify
-from tests.helpers import REPO, run_pipeline, write_jsonl
+from tests.helpers import REPO, SAMPLE, run_pipeline, write_jsonl
+from transforms.records import DocumentBatch
 
 
 def test_progress_lines_and_a_summary_with_the_exact_numbers(tmp_path, corpus, bpe_tokenizer):
@@ -90,3 +91,43 @@ def test_a_closed_stdout_ends_every_command_quietly_like_a_unix_tool(tmp_path, c
                  ["-m", "pipeline.cli", "inspect", out, "--json"], ["-m", "pipeline.cli", "--help"]):
         code, stderr = run_with_stdout_closed(*map(str, args))
         assert (code, stderr) == (141, ""), (args, stderr)
+
+
+def test_progress_is_reported_within_a_range_and_in_full_when_it_ends(tmp_path):
+    """One range of one file: bytes show as they are read, before any batch is complete, and
+    the whole range shows as soon as it is read (it used to wait for the workers to stop)."""
+    from transforms.inputs import list_input_files, read_ranges
+    from transforms.progress import read_totals
+    from transforms.read_jsonl import PROGRESS_BYTES, ReadRangeFn
+
+    path = tmp_path / "one.jsonl"
+    no_text = (json.dumps({"body": "x" * 1000}) + "\n").encode()  # rejected lines: no document, no batch
+    path.write_bytes(no_text * (3 * PROGRESS_BYTES // len(no_text)) + b"".join(
+        (json.dumps({"text": f"document {i}"}) + "\n").encode() for i in range(100)))
+    (rng,) = read_ranges(list_input_files([str(path)], "auto"), 1 << 30)
+    progress_dir = tmp_path / "progress"
+    progress_dir.mkdir()
+    fn = ReadRangeFn("text", batch_bytes=1 << 23, batch_documents=8192, storage_options=None,
+                     progress_dir=str(progress_dir))
+    fn.setup()
+    outputs = fn.process(rng)
+    for out in outputs:  # the rejected lines' reports, line by line, until 2 MB are read
+        if out.value["offset"] >= 2 * PROGRESS_BYTES:
+            break
+    read = read_totals(str(progress_dir)).get("bytes", 0)
+    assert PROGRESS_BYTES <= read < 2 * PROGRESS_BYTES + len(no_text)
+    rest = list(outputs)  # the range is read to its end; the DoFn is not torn down
+    assert sum(isinstance(o, DocumentBatch) for o in rest) == 1
+    assert read_totals(str(progress_dir)) == {"bytes": path.stat().st_size, "documents": 100}
+
+
+def test_progress_moves_while_one_large_file_is_read(tmp_path):
+    texts = [json.loads(line)["text"] for p in sorted(SAMPLE.glob("*.jsonl")) for line in p.open(encoding="utf-8")]
+    path = tmp_path / "large.jsonl"
+    with open(path, "w", encoding="utf-8") as f:
+        while f.tell() < 24 << 20:
+            f.writelines(json.dumps({"text": t}) + "\n" for t in texts)
+    proc = run_pipeline("--input", path, "--output", tmp_path / "o.zarr", "--tokenizer", SAMPLE / "tokenizer.json",
+                        "--progress_interval", "0.1", "--batch_documents", "1024")
+    percents = {float(p) for p in re.findall(r"^progress: .* \(([\d.]+)%\)", proc.stderr, flags=re.M)}
+    assert len({p for p in percents if 0 < p < 100}) >= 2, proc.stderr

@@ -16,6 +16,9 @@ LINE_COUNTS = "line_counts"
 COUNTS = "counts"
 # Lines without --text_key whose keys each range reports (for the failure message's hint).
 CENSUS_LINES_PER_RANGE = 16
+# Bytes read between two progress updates, whether or not a batch is complete (ProgressFile
+# throttles what reaches the disk).
+PROGRESS_BYTES = 1 << 20
 
 
 @dataclass
@@ -87,22 +90,26 @@ class ReadRangeFn(beam.DoFn):
         counts = Counter()
         lacking = jsonl.KeyCensus()
         offsets, texts = [], []
-        text_bytes = line_bytes = 0
+        text_bytes = unreported_bytes = 0
 
         def batch():
-            nonlocal text_bytes, line_bytes
+            nonlocal text_bytes, unreported_bytes
             counts["documents"] += len(texts)
-            self._progress.add(documents=len(texts), bytes=line_bytes)
+            self._progress.add(documents=len(texts), bytes=unreported_bytes)
+            unreported_bytes = 0
             done = DocumentBatch(rng.file.key, rng.file.split, np.array(offsets, dtype=np.uint64), texts[:])
             offsets.clear()
             texts.clear()
-            text_bytes = line_bytes = 0
+            text_bytes = 0
             return done
 
         with open_input(rng.file, self._storage_options) as f:
             for offset, raw in jsonl.iter_lines(f, rng.start, rng.stop):
                 counts["lines"] += 1
-                line_bytes += len(raw) + 1
+                unreported_bytes += len(raw) + 1
+                if unreported_bytes >= PROGRESS_BYTES:
+                    self._progress.add(bytes=unreported_bytes)
+                    unreported_bytes = 0
                 text, reason = jsonl.parse_line(raw, self._text_key)
                 if text is not None:
                     offsets.append(offset)
@@ -124,6 +131,8 @@ class ReadRangeFn(beam.DoFn):
                     })
         if texts:
             yield batch()
+        self._progress.add(bytes=unreported_bytes)
+        self._progress.flush()  # a finished range shows in full now, not when the workers stop
         yield beam.pvalue.TaggedOutput(LINE_COUNTS, (rng.file.key, rng.start, counts["lines"]))
         yield beam.pvalue.TaggedOutput(COUNTS, counts + lacking.to_counts())
 

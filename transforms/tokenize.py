@@ -179,6 +179,9 @@ class TokenizeBatches(beam.DoFn):
         self._progress.add(tokens=int(tokenized.ids.size))
         yield tokenized
 
+    def finish_bundle(self):
+        self._progress.flush()  # the bundle's tokens show now, not when the workers stop
+
     def teardown(self):
         if self._progress:
             self._progress.flush()
