@@ -93,3 +93,25 @@ def test_existing_gs_output_is_refused_without_overwrite(gcs, gs_direct):
     assert "exists and is not empty; pass --overwrite" in proc.stderr
     assert gcs.fs.cat(f"{BUCKET}/out.zarr/.zattrs") == before
     assert_quiet(proc.stderr)
+
+
+def user_env(gcs) -> dict:
+    """This process's environment with only STORAGE_EMULATOR_HOST set for GCS: no gcsfs
+    settings, no credentials."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("GCSFS_", "STORAGE_EMULATOR", "GOOGLE_APPLICATION_CREDENTIALS", "FSSPEC_"))}
+    return {**env, "STORAGE_EMULATOR_HOST": gcs.url}
+
+
+def test_only_storage_emulator_host_is_needed_and_the_run_is_quiet(gcs, gcs_corpus, local_run, tmp_path):
+    """It used to print ~200 lines of 'Could not determine bucket type ... default credentials
+    were not found' (gcsfs's zonal/HNS probe, for every file opened)."""
+    cmd = [sys.executable, "-m", "pipeline.run", "--input", INPUT, "--tokenizer", f"{GS}/tok.json",
+           "--output", f"{GS}/out-plain.zarr", "--rejected_output", f"{GS}/out-plain.rejected-lines", *COMMON]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=100, env=user_env(gcs))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert [line for line in proc.stderr.splitlines() if not line.startswith("progress: ")] == [], proc.stderr[-3000:]
+    check_flat_tokens(fetch(gcs, "out-plain.zarr", tmp_path / "out.zarr"), "--compare", local_run)
+    proc = subprocess.run([sys.executable, "-m", "pipeline.verify", f"{GS}/out-plain.zarr"], cwd=REPO,
+                          capture_output=True, text=True, timeout=60, env=user_env(gcs))
+    assert (proc.returncode, proc.stderr) == (0, ""), proc.stderr[-3000:]

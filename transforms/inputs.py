@@ -5,6 +5,7 @@ before any worker starts) and is a pure function of the file listing.
 """
 import asyncio
 import atexit
+import os
 import posixpath
 import sys
 import weakref
@@ -122,6 +123,32 @@ def open_input(f: InputFile, storage_options: dict | None = None) -> fsspec.core
     storage file under it: closing a GzipFile alone would leave a gcsfs file, and its
     background prefetch task, open."""
     return fsspec.open(f.url, "rb", compression=f.compression, **(storage_options or {}))
+
+
+# ---------------------------------------------------------------------------------------------
+# A local GCS emulator
+
+
+def use_gcs_emulator_plainly() -> bool:
+    """When STORAGE_EMULATOR_HOST names a GCS emulator (fake-gcs-server, say), talks to it as
+    what it is, quietly: anonymously (it checks no credentials, and looking for some costs
+    time), through gcsfs's core filesystem. gcsfs's experimental zonal/HNS filesystem, its
+    default, first asks each bucket's layout over gRPC, which an emulator does not serve:
+    that printed "Could not determine bucket type ... default credentials were not found"
+    for every file opened (or, with credentials, stalled a minute per bucket).
+
+    Settings made explicitly win: GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT in the environment, a
+    token in fsspec's configuration or in storage_options. Runs when this module is imported,
+    before gcsfs is (gcsfs picks its filesystem class at import); worker processes inherit
+    the environment variable, and import this module too."""
+    if os.environ.get("STORAGE_EMULATOR_HOST", "") in ("", "default"):
+        return False
+    os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+    fsspec.config.conf.setdefault("gs", {}).setdefault("token", "anon")
+    return True
+
+
+use_gcs_emulator_plainly()
 
 
 # ---------------------------------------------------------------------------------------------
