@@ -49,8 +49,15 @@ def in_process_runner(options: PipelineOptions):
     from apache_beam.runners.portability.fn_api_runner import fn_runner
     from apache_beam.runners.portability.portable_runner import JobServiceHandle
 
+    from pipeline import worker
+
+    class FnApiRunner(fn_runner.FnApiRunner):
+        def run_via_runner_api(self, pipeline_proto, options):
+            worker.run_our_workers(pipeline_proto)  # multi_processing workers: quiet unless --verbose
+            return super().run_via_runner_api(pipeline_proto, options)
+
     encoded = JobServiceHandle.encode_pipeline_options(options.get_all_options())
-    return fn_runner.FnApiRunner(provision_info=fn_runner.ExtendedProvisionInfo(
+    return FnApiRunner(provision_info=fn_runner.ExtendedProvisionInfo(
         beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded)))
 
 

@@ -131,3 +131,24 @@ def test_progress_moves_while_one_large_file_is_read(tmp_path):
                         "--progress_interval", "0.1", "--batch_documents", "1024")
     percents = {float(p) for p in re.findall(r"^progress: .* \(([\d.]+)%\)", proc.stderr, flags=re.M)}
     assert len({p for p in percents if 0 < p < 100}) >= 2, proc.stderr
+
+
+MULTI_PROCESS = ["--direct_num_workers=2", "--direct_running_mode=multi_processing"]
+
+
+def test_worker_processes_are_quiet_too(tmp_path, corpus):
+    """Each multi_processing worker used to print ~24 lines of Beam INFO, and 'Discarding
+    unparseable args: [..., --output=...]', whatever --quiet said."""
+    proc = run_pipeline("--input", f"{corpus}/*.jsonl", "--output", tmp_path / "o.zarr", "--tokenizer", "bytes",
+                        "--quiet", *MULTI_PROCESS)
+    assert proc.stderr == "" and "flat-tokens: wrote" in proc.stdout, proc.stderr[-3000:]
+    # without --quiet: progress lines only
+    proc = run_pipeline("--input", f"{corpus}/*.jsonl", "--output", tmp_path / "p.zarr", "--tokenizer", "bytes",
+                        "--progress_interval", "0.2", *MULTI_PROCESS)
+    assert [line for line in proc.stderr.splitlines() if not line.startswith("progress: ")] == [], proc.stderr[-3000:]
+    # a failure in a worker is told once, in one line (--verbose shows the tracebacks)
+    write_jsonl(tmp_path / "bad.jsonl", ["fine"] + [None] * 3)
+    proc = run_pipeline("--input", tmp_path / "bad.jsonl", "--output", tmp_path / "q.zarr", "--tokenizer", "bytes",
+                        *MULTI_PROCESS, check=False)
+    assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr[-3000:]
+    assert "3 of 4 non-blank input lines were rejected" in proc.stderr
