@@ -13,7 +13,7 @@ from pipeline.reader import (DatasetError, FlatTokensSplit, UncommittedDataset, 
                              open_dataset)
 from tests.helpers import CHECKER, run_pipeline
 
-EXAMPLE = [[1, 2], [3, 4, 5], [6, 7, 8]]  # the worked example of docs/flat-tokens.md
+EXAMPLE = [[1, 2], [3, 4, 5], [6, 7, 8]]  # the worked example of docs/flat-tokens-format.md
 
 
 def load_checker():
