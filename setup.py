@@ -41,5 +41,5 @@ setup(
                  "google-re2>=1.1"],
         "fast": ["fastokens>=0.3.5"],
     },
-    entry_points={"console_scripts": ["flat-tokens=pipeline.cli:main"]},
+    entry_points={"console_scripts": ["flat-tokens=pipeline.cli:console_script"]},
 )

@@ -1,8 +1,10 @@
 """The `flat-tokens` console script: `flat-tokens run|verify|inspect ...`."""
 import importlib
+import os
+import signal
 import sys
 
-from pipeline import logs  # noqa: F401 (before apache_beam: it filters Beam's import-time noise)
+from pipeline import VERSION, logs  # noqa: F401 (logs before apache_beam: it filters Beam's import-time noise)
 
 COMMANDS = {
     "run": ("pipeline.run", "turn a JSONL corpus into a shuffled, tokenized flat-tokens dataset"),
@@ -13,7 +15,26 @@ COMMANDS = {
 
 def usage() -> str:
     rows = "\n".join(f"  {name:8} {text}" for name, (_, text) in COMMANDS.items())
-    return f"usage: flat-tokens COMMAND [options]\n\ncommands:\n{rows}\n\n`flat-tokens COMMAND --help` for a command's options."
+    return (f"usage: flat-tokens COMMAND [options]\n       flat-tokens --version\n\ncommands:\n{rows}\n\n"
+            f"`flat-tokens COMMAND --help` for a command's options.")
+
+
+# The status of a Unix tool killed by SIGPIPE, as a shell reports it.
+CLOSED_STDOUT = 128 + signal.SIGPIPE
+
+
+def run_command(main, argv=None) -> int:
+    """Runs a command's main(argv). A stdout closed by its reader (`flat-tokens inspect ... |
+    head -2`) ends the command quietly with status 141, as it ends a Unix tool, instead of a
+    BrokenPipeError traceback. (Python ignores SIGPIPE, so the closed pipe is an exception.)"""
+    try:
+        code = main(argv)
+        sys.stdout.flush()  # so a write still in the buffer fails here, not at interpreter exit
+        return code
+    except BrokenPipeError:
+        # Interpreter exit flushes stdout again: point it at /dev/null so that says nothing.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return CLOSED_STDOUT
 
 
 def main(argv=None) -> int:
@@ -21,6 +42,9 @@ def main(argv=None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(usage())
         return 0 if argv else 2
+    if argv[0] == "--version":
+        print(VERSION)
+        return 0
     if argv[0] not in COMMANDS:
         print(f"flat-tokens: error: unknown command {argv[0]!r}\n\n{usage()}", file=sys.stderr)
         return 2
@@ -28,5 +52,10 @@ def main(argv=None) -> int:
     return module.main(argv[1:])
 
 
+def console_script() -> int:
+    """The `flat-tokens` entry point."""
+    return run_command(main)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(console_script())

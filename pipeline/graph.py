@@ -27,7 +27,8 @@ from transforms.dedup import DropDuplicates
 from transforms.inputs import (JSONL, InputFile, check_no_overlap, check_readable, input_index, list_input_files,
                                read_ranges)
 from transforms.parquet import RowGroup, list_row_groups
-from transforms.read_corpus import ReadCorpus, peek_documents
+from transforms.read_corpus import ReadCorpus, peek_input
+from transforms.read_jsonl import check_text_key
 from transforms.records import TokenizedBatch
 from transforms.rejected import CheckRejectedFraction, WriteRejectedLines
 from transforms.shuffle import ShuffleGlobally, count_available, count_copies
@@ -149,9 +150,9 @@ def plan_job(o: FlatTokensOptions, storage_options: dict | None = None, run_id: 
         held_out = _text_bytes([f for f in train_files if f.split == "auto"], by_file) * fraction
         num_shards = {"train": auto_shards(train_bytes),
                       "validation": auto_shards(held_out + _text_bytes(valid_files, by_file))}
-    first_documents = [] if o.tokenizer == "bytes" else peek_documents(
-        train_files + valid_files, GUARD_DOCUMENTS, o.text_key, storage_options)
-    tokenizer = resolve_tokenizer(o.tokenizer, storage_options, o.tokenizer_backend, first_documents,
+    peek = peek_input(train_files + valid_files, GUARD_DOCUMENTS, o.text_key, storage_options)
+    check_text_key(peek, o.text_key)  # for every tokenizer: a wrong key would reject every line
+    tokenizer = resolve_tokenizer(o.tokenizer, storage_options, o.tokenizer_backend, peek.texts,
                                   o.tokenizer_check_fraction)
     target = StoreTarget(
         url=o.output, zarr_format=o.zarr_format, tokens_chunk=o.tokens_chunk_size,

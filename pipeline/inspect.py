@@ -30,6 +30,7 @@ import sys
 import fsspec
 import numpy as np
 
+from pipeline import VERSION
 from pipeline.reader import SPLITS, DatasetError, FlatTokensSplit, inputs_targets, open_dataset
 from pipeline.verify import _storage_option
 from transforms.mixture import source_table
@@ -369,6 +370,7 @@ def parse_args(argv):
     ap = argparse.ArgumentParser(prog="flat-tokens inspect",
                                  description="Summarize a flat-tokens dataset; show sequences and a packed window.")
     ap.add_argument("path", help="dataset path or fsspec URL (gs://, file://, ...)")
+    ap.add_argument("--version", action="version", version=VERSION)
     ap.add_argument("--tokenizer", help="tokenizer.json path/URL, or 'bytes'; default: the dataset's own if loadable")
     ap.add_argument("--sequences", type=_count, default=3, metavar="N", help="sequences to decode (default 3)")
     ap.add_argument("--split", choices=SPLITS, default="train", help="split for --sequences and --window")
@@ -426,4 +428,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from pipeline.cli import run_command
+    sys.exit(run_command(main))

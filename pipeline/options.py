@@ -6,6 +6,8 @@ from typing import Any
 
 from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
 
+from pipeline import VERSION
+
 DEFAULT_VALIDATION_FRACTION = 0.01
 DEFAULT_TOKENS_CHUNK = 1 << 18  # measured: docs/design.md, 'Chunks and codecs'
 DEFAULT_SEQ_STARTS_CHUNK = 1 << 16
@@ -136,15 +138,16 @@ OPTIONS: tuple[Option, ...] = (
            help="seed of the global shuffle and the split",
            template=Template("Shuffle seed", "int", example="42")),
     Option(name="validation_input", group="split and shuffle", repeatable=True,
-           help="JSONL or Parquet file/glob that forms the validation split; when given, all of --input is train",
+           help="JSONL or Parquet file/glob that forms the validation split; when given, all of --input is "
+                "train (so --validation_fraction is refused)",
            template=Template("Validation input files", "gcs_read", example="gs://my-bucket/corpus/valid/*.jsonl.gz",
                              help="JSONL or Parquet file, folder or glob on Cloud Storage that forms the "
-                                  "validation split. "
-                                  "When given, all of input is train (unless validation_fraction is also given)")),
+                                  "validation split. When given, all of input is train, and validation_fraction "
+                                  "must not be given")),
     Option(name="validation_fraction", group="split and shuffle", type=float,
            default_text=f"{DEFAULT_VALIDATION_FRACTION}",
-           help="fraction of --input documents put in validation, chosen by a seeded hash; "
-                "0 when --validation_input is given",
+           help="fraction of --input documents put in validation, chosen by a seeded hash; not allowed with "
+                "--validation_input",
            template=Template("Validation fraction", "fraction_below_1", example="0.01")),
     Option(name="num_shards", group="split and shuffle", type=int, default=0,
            help=f"shuffle shards per split (0 = auto: one per ~{DEFAULT_SHARD_MB} MB of text). "
@@ -270,6 +273,10 @@ def check_options(o: FlatTokensOptions) -> None:
             raise OptionError(f"--{name} is required")
     if o.validation_fraction is not None and not 0 <= o.validation_fraction < 1:
         raise OptionError(f"--validation_fraction {o.validation_fraction}: must be in [0, 1)")
+    if o.validation_fraction and o.validation_input:
+        # With --validation_input all of --input is train: a fraction would be silently ignored.
+        raise OptionError(f"--validation_fraction {o.validation_fraction} cannot be combined with "
+                          f"--validation_input (then all of --input is train); give only one of them")
     if not 0 <= o.tokenizer_check_fraction <= 1:
         raise OptionError(f"--tokenizer_check_fraction {o.tokenizer_check_fraction}: must be in [0, 1]")
     if not 0 <= o.max_rejected_fraction <= 1:
@@ -303,6 +310,9 @@ def unknown_options(argv: list[str]) -> list[str]:
 def help_text() -> str:
     parser = argparse.ArgumentParser(
         prog="flat-tokens run",
+        # Short, with the required options first: argparse's own line lists every option.
+        usage="flat-tokens run (--input GLOB | --mixture FILE) --tokenizer SPEC --output PATH [options] "
+              "[Beam options]\n       flat-tokens run --help | --version",
         description="Turn a JSONL corpus into a globally shuffled, tokenized flat-tokens zarr dataset.",
         epilog="Any Apache Beam option is accepted too (--runner, --direct_num_workers, "
                "--direct_running_mode, --job_endpoint, --project, --region, --temp_location, ...).\n\n"
@@ -310,4 +320,5 @@ def help_text() -> str:
                "--output out/corpus.zarr",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     FlatTokensOptions._add_argparse_args(parser)
+    parser.add_argument("--version", action="version", version=VERSION, help="print the version and exit")
     return parser.format_help()

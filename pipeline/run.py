@@ -18,7 +18,7 @@ import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 from fsspec.core import url_to_fs
 
-from pipeline import allocator
+from pipeline import VERSION, allocator
 from pipeline.graph import build_pipeline, plan_job
 from pipeline.options import FlatTokensOptions, OptionError, check_options, help_text, unknown_options
 from transforms import zarr_store
@@ -52,8 +52,15 @@ def in_process_runner(options: PipelineOptions):
     from apache_beam.runners.portability.fn_api_runner import fn_runner
     from apache_beam.runners.portability.portable_runner import JobServiceHandle
 
+    from pipeline import worker
+
+    class FnApiRunner(fn_runner.FnApiRunner):
+        def run_via_runner_api(self, pipeline_proto, options):
+            worker.run_our_workers(pipeline_proto)  # multi_processing workers: quiet unless --verbose
+            return super().run_via_runner_api(pipeline_proto, options)
+
     encoded = JobServiceHandle.encode_pipeline_options(options.get_all_options())
-    return fn_runner.FnApiRunner(provision_info=fn_runner.ExtendedProvisionInfo(
+    return FnApiRunner(provision_info=fn_runner.ExtendedProvisionInfo(
         beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded)))
 
 
@@ -138,6 +145,9 @@ def main(argv=None) -> int:
     if "--help" in argv or "-h" in argv:
         print(help_text())
         return 0
+    if "--version" in argv:
+        print(VERSION)
+        return 0
     options = PipelineOptions(argv)
     ft = options.view_as(FlatTokensOptions)
     logs.configure("verbose" if ft.verbose else "quiet" if ft.quiet else "info")
@@ -167,10 +177,10 @@ def main(argv=None) -> int:
     if code is not None:
         return code
     summary = summarize(ft.output, time.time() - started, plan.target.storage_options)
-    print(format_summary(summary))
-    if ft.summary_json:
+    if ft.summary_json:  # before printing: a closed stdout must not cost the scheduler its JSON
         with open(ft.summary_json, "w") as f:
             json.dump(summary, f, indent=2)
+    print(format_summary(summary))
     return 0
 
 
@@ -202,4 +212,5 @@ def _run(options, plan, ft) -> int | None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from pipeline.cli import run_command
+    sys.exit(run_command(main))

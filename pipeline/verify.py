@@ -36,6 +36,7 @@ import fsspec
 import numpy as np
 import zarr
 
+from pipeline import VERSION
 from transforms.inputs import close_gcs_sessions_at_exit
 from transforms.ownership import CLAIM_PREFIX, conflicts
 
@@ -412,6 +413,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m pipeline.verify",
                                  description="Verify a flat-tokens dataset written by this pipeline.")
     ap.add_argument("path", help="dataset path or fsspec URL (file://, gs://, ...)")
+    ap.add_argument("--version", action="version", version=VERSION)
     ap.add_argument("--block", type=_positive_int, default=DEFAULT_BLOCK,
                     help=f"tokens (and seq_starts entries) read at a time; bounds memory (default {DEFAULT_BLOCK})")
     ap.add_argument("--storage_option", type=_storage_option, action="append", default=[],
@@ -434,4 +436,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from pipeline.cli import run_command
+    sys.exit(run_command(main))

@@ -64,9 +64,10 @@ class GcsEmulator:
 
     @property
     def env(self) -> dict:
-        """Environment for a pipeline subprocess: gcsfs finds the emulator by itself, and
-        skips the gRPC (zonal/HNS bucket) probe that stalls for a minute per bucket here."""
-        return {"STORAGE_EMULATOR_HOST": self.url, "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false"}
+        """Environment for a pipeline subprocess: only what a user sets. gcsfs finds the
+        emulator by itself; the pipeline makes it skip its gRPC (zonal/HNS bucket) probe and
+        connect anonymously (transforms.inputs.use_gcs_emulator_plainly)."""
+        return {"STORAGE_EMULATOR_HOST": self.url}
 
 
 @pytest.fixture(scope="session")

@@ -3,13 +3,15 @@ configuration refused before any data is read."""
 import gzip
 import json
 import os
+import shutil
+import socket
 
 import pytest
 import zarr
 import zstandard
 
 from pipeline import verify
-from tests.helpers import check_flat_tokens, run_pipeline, write_jsonl
+from tests.helpers import SAMPLE, check_flat_tokens, run_pipeline, write_jsonl
 
 # (raw line bytes, reason) for every rejected case the pipeline must handle.
 BAD_LINES = [
@@ -170,3 +172,75 @@ def test_bad_configuration_fails_fast_naming_the_culprit(tmp_path):
     assert "--validation_fraction" in usage_error(tmp_path, "--input", good_input, *out, "--tokenizer", "bytes",
                                                   "--validation_fraction", "1.5")
     assert not (tmp_path / "o.zarr").exists()
+
+
+def keyed_records(n, start=0):
+    """Records whose text is under `content`, beside a short string `id` and a nested `meta`."""
+    return [{"id": f"doc-{i}", "content": f"the text of document {i}, longer than its id",
+             **({"meta": {"n": i}} if i % 4 == 0 else {})} for i in range(start, start + n)]
+
+
+def write_records(path, records):
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+@pytest.mark.parametrize("tokenizer", ["bytes", "bpe"])
+def test_a_wrong_text_key_is_refused_at_launch_naming_the_keys_there_are(tmp_path, bpe_tokenizer, tokenizer):
+    """It used to run and reject 100% of the lines as missing_text_key, with no hint."""
+    corpus = write_records(tmp_path / "corpus.jsonl", keyed_records(300))
+    msg = usage_error(tmp_path, "--input", corpus, "--output", tmp_path / "o.zarr",
+                      "--tokenizer", "bytes" if tokenizer == "bytes" else bpe_tokenizer)
+    assert "--text_key text" in msg and str(corpus) in msg, msg
+    # the keys the records do have, most common first, and the one that holds their text
+    keys = msg.split("their keys: ", 1)[1]
+    assert keys in ("content (256), id (256), meta (64); use --text_key content",
+                    "id (256), content (256), meta (64); use --text_key content"), msg
+    assert not (tmp_path / "o.zarr").exists() and not (tmp_path / "o.zarr.rejected").exists()
+
+
+def test_a_text_key_missing_later_in_the_input_fails_the_job_with_the_same_hint(tmp_path):
+    """The launch check sees documents in the first file; the second file names its text otherwise."""
+    write_jsonl(tmp_path / "in" / "a.jsonl", [f"fine {i}" for i in range(10)])
+    write_records(tmp_path / "in" / "b.jsonl", keyed_records(40))
+    proc = run_pipeline("--input", tmp_path / "in", "--output", tmp_path / "o.zarr", "--tokenizer", "bytes",
+                        check=False)
+    assert proc.returncode == 1, proc.stderr
+    message = proc.stderr.strip().splitlines()[-1]
+    assert "40 of 50 non-blank input lines were rejected" in message and "missing_text_key 40" in message
+    assert "Is --text_key right?" in message and "use --text_key content" in message, message
+    assert "id (16), content (16)" in message or "content (16), id (16)" in message, message
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_hub_name_without_network_fails_at_once_with_one_message(tmp_path):
+    """The hub client used to retry an unreachable hub five times (~25 s), printing each retry twice."""
+    corpus = write_jsonl(tmp_path / "in.jsonl", ["hello"])
+    env = {"HF_ENDPOINT": f"http://127.0.0.1:{closed_port()}", "HF_HOME": str(tmp_path / "hf-home"),
+           "HF_HUB_OFFLINE": ""}
+    proc = run_pipeline("--input", corpus, "--output", tmp_path / "o.zarr", "--tokenizer", "gpt2", env=env,
+                        check=False, timeout=20)  # a hang guard, not a measurement
+    assert proc.returncode == 2, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert proc.stderr.startswith("flat-tokens: error: --tokenizer gpt2:") and "hub is out of reach" in proc.stderr
+
+
+def test_a_hub_name_is_loaded_from_the_local_cache_without_network(tmp_path):
+    """What the HuggingFace cache holds (as hf_hub_download stores it) is used when the hub is out of reach."""
+    snapshot = tmp_path / "hf-home" / "hub" / "models--some-org--some-tokenizer" / "snapshots" / ("0" * 40)
+    snapshot.mkdir(parents=True)
+    shutil.copy(SAMPLE / "tokenizer.json", snapshot / "tokenizer.json")
+    (snapshot.parent.parent / "refs").mkdir()
+    (snapshot.parent.parent / "refs" / "main").write_text("0" * 40)
+    corpus = write_jsonl(tmp_path / "in.jsonl", ["hello", "world"])
+    env = {"HF_ENDPOINT": f"http://127.0.0.1:{closed_port()}", "HF_HOME": str(tmp_path / "hf-home"),
+           "HF_HUB_OFFLINE": ""}
+    run_pipeline("--input", corpus, "--output", tmp_path / "o.zarr", "--tokenizer", "some-org/some-tokenizer",
+                 env=env, timeout=120)
+    assert zarr.open_group(str(tmp_path / "o.zarr"), mode="r").attrs["tokenizer"]["kind"] == "hub"
+    check_flat_tokens(tmp_path / "o.zarr", "--input", corpus, "--tokenizer", SAMPLE / "tokenizer.json")

@@ -1,11 +1,14 @@
 """What a user sees: the console script, progress lines, the summary and its JSON twin."""
 import json
+import re
 import subprocess
 import sys
 
 import zarr
 
-from tests.helpers import REPO, run_pipeline, write_jsonl
+from pipeline import verify
+from tests.helpers import REPO, SAMPLE, run_pipeline, write_jsonl
+from transforms.records import DocumentBatch
 
 
 def test_progress_lines_and_a_summary_with_the_exact_numbers(tmp_path, corpus, bpe_tokenizer):
@@ -46,3 +49,106 @@ def test_the_console_script_dispatches_and_helps(tmp_path):
         assert group in helped.stdout
     assert "example" in helped.stdout and "--runner" in helped.stdout
     assert cli("frobnicate").returncode == 2
+
+
+def cli(*args):
+    return subprocess.run([sys.executable, "-m", "pipeline.cli", *args], cwd=REPO, capture_output=True, text=True)
+
+
+def test_the_usage_line_shows_the_required_options_as_required():
+    usage = cli("run", "--help").stdout.split("\n\n")[0]
+    assert usage.startswith("usage: flat-tokens run")
+    outside_brackets = re.sub(r"\[[^\]]*\]", "", usage)  # argparse writes optional ones as [--name NAME]
+    for name in ("--input", "--tokenizer", "--output"):
+        assert name in outside_brackets, usage
+
+
+def test_version_is_printed_by_the_console_script_and_by_run():
+    from pipeline import __version__
+    for args in (["--version"], ["run", "--version"], ["verify", "--version"], ["inspect", "--version"]):
+        proc = cli(*args)
+        assert (proc.returncode, proc.stdout, proc.stderr) == (0, f"flat-tokens-beam {__version__}\n", ""), args
+    assert "--version" in cli("--help").stdout and "--version" in cli("run", "--help").stdout
+
+
+def run_with_stdout_closed(*args):
+    """Runs a command whose reader has gone before it writes (as `| head -0` leaves it)."""
+    proc = subprocess.Popen([sys.executable, *args], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    proc.stdout.close()
+    stderr = proc.stderr.read()
+    proc.wait(timeout=300)
+    return proc.returncode, stderr
+
+
+def test_a_closed_stdout_ends_every_command_quietly_like_a_unix_tool(tmp_path, corpus):
+    out, summary = tmp_path / "o.zarr", tmp_path / "summary.json"
+    code, stderr = run_with_stdout_closed("-m", "pipeline.run", "--input", f"{corpus}/*.jsonl", "--output", out,
+                                          "--tokenizer", "bytes", "--quiet", "--summary_json", summary)
+    assert (code, stderr) == (141, ""), stderr  # 128 + SIGPIPE, no BrokenPipeError traceback
+    assert verify.verify_dataset(str(out)) == [] and json.loads(summary.read_text())["tokens"] > 0
+    for args in (["-m", "pipeline.verify", out], ["-m", "pipeline.inspect", out], ["-m", "pipeline.cli", "verify", out],
+                 ["-m", "pipeline.cli", "inspect", out, "--json"], ["-m", "pipeline.cli", "--help"]):
+        code, stderr = run_with_stdout_closed(*map(str, args))
+        assert (code, stderr) == (141, ""), (args, stderr)
+
+
+def test_progress_is_reported_within_a_range_and_in_full_when_it_ends(tmp_path):
+    """One range of one file: bytes show as they are read, before any batch is complete, and
+    the whole range shows as soon as it is read (it used to wait for the workers to stop)."""
+    from transforms.inputs import list_input_files, read_ranges
+    from transforms.progress import read_totals
+    from transforms.read_jsonl import PROGRESS_BYTES, ReadRangeFn
+
+    path = tmp_path / "one.jsonl"
+    no_text = (json.dumps({"body": "x" * 1000}) + "\n").encode()  # rejected lines: no document, no batch
+    path.write_bytes(no_text * (3 * PROGRESS_BYTES // len(no_text)) + b"".join(
+        (json.dumps({"text": f"document {i}"}) + "\n").encode() for i in range(100)))
+    (rng,) = read_ranges(list_input_files([str(path)], "auto"), 1 << 30)
+    progress_dir = tmp_path / "progress"
+    progress_dir.mkdir()
+    fn = ReadRangeFn("text", batch_bytes=1 << 23, batch_documents=8192, storage_options=None,
+                     progress_dir=str(progress_dir))
+    fn.setup()
+    outputs = fn.process(rng)
+    for out in outputs:  # the rejected lines' reports, line by line, until 2 MB are read
+        if out.value["offset"] >= 2 * PROGRESS_BYTES:
+            break
+    read = read_totals(str(progress_dir)).get("bytes", 0)
+    assert PROGRESS_BYTES <= read < 2 * PROGRESS_BYTES + len(no_text)
+    rest = list(outputs)  # the range is read to its end; the DoFn is not torn down
+    assert sum(isinstance(o, DocumentBatch) for o in rest) == 1
+    assert read_totals(str(progress_dir)) == {"bytes": path.stat().st_size, "documents": 100}
+
+
+def test_progress_moves_while_one_large_file_is_read(tmp_path):
+    texts = [json.loads(line)["text"] for p in sorted(SAMPLE.glob("*.jsonl")) for line in p.open(encoding="utf-8")]
+    path = tmp_path / "large.jsonl"
+    with open(path, "w", encoding="utf-8") as f:
+        while f.tell() < 24 << 20:
+            f.writelines(json.dumps({"text": t}) + "\n" for t in texts)
+    proc = run_pipeline("--input", path, "--output", tmp_path / "o.zarr", "--tokenizer", SAMPLE / "tokenizer.json",
+                        "--progress_interval", "0.1", "--batch_documents", "1024")
+    percents = {float(p) for p in re.findall(r"^progress: .* \(([\d.]+)%\)", proc.stderr, flags=re.M)}
+    assert len({p for p in percents if 0 < p < 100}) >= 2, proc.stderr
+
+
+MULTI_PROCESS = ["--direct_num_workers=2", "--direct_running_mode=multi_processing"]
+
+
+def test_worker_processes_are_quiet_too(tmp_path, corpus):
+    """Each multi_processing worker used to print ~24 lines of Beam INFO, and 'Discarding
+    unparseable args: [..., --output=...]', whatever --quiet said."""
+    proc = run_pipeline("--input", f"{corpus}/*.jsonl", "--output", tmp_path / "o.zarr", "--tokenizer", "bytes",
+                        "--quiet", *MULTI_PROCESS)
+    assert proc.stderr == "" and "flat-tokens: wrote" in proc.stdout, proc.stderr[-3000:]
+    # without --quiet: progress lines only
+    proc = run_pipeline("--input", f"{corpus}/*.jsonl", "--output", tmp_path / "p.zarr", "--tokenizer", "bytes",
+                        "--progress_interval", "0.2", *MULTI_PROCESS)
+    assert [line for line in proc.stderr.splitlines() if not line.startswith("progress: ")] == [], proc.stderr[-3000:]
+    # a failure in a worker is told once, in one line (--verbose shows the tracebacks)
+    write_jsonl(tmp_path / "bad.jsonl", ["fine"] + [None] * 3)
+    proc = run_pipeline("--input", tmp_path / "bad.jsonl", "--output", tmp_path / "q.zarr", "--tokenizer", "bytes",
+                        *MULTI_PROCESS, check=False)
+    assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr[-3000:]
+    assert "3 of 4 non-blank input lines were rejected" in proc.stderr

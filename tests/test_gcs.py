@@ -116,3 +116,25 @@ def test_a_mixture_file_on_gs_reads_its_sources_relative_to_itself(gcs, gcs_corp
     sources = json.loads(gcs.fs.cat(f"{BUCKET}/mixed.zarr/.zattrs"))["mixture"]["sources"]
     assert sources[1]["inputs"] == [f"{GS}/corpus/part-[13].jsonl*"]
     assert all(s["train_tokens"] > 0 for s in sources)
+
+
+def user_env(gcs) -> dict:
+    """This process's environment with only STORAGE_EMULATOR_HOST set for GCS: no gcsfs
+    settings, no credentials."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("GCSFS_", "STORAGE_EMULATOR", "GOOGLE_APPLICATION_CREDENTIALS", "FSSPEC_"))}
+    return {**env, "STORAGE_EMULATOR_HOST": gcs.url}
+
+
+def test_only_storage_emulator_host_is_needed_and_the_run_is_quiet(gcs, gcs_corpus, local_run, tmp_path):
+    """It used to print ~200 lines of 'Could not determine bucket type ... default credentials
+    were not found' (gcsfs's zonal/HNS probe, for every file opened)."""
+    cmd = [sys.executable, "-m", "pipeline.run", "--input", INPUT, "--tokenizer", f"{GS}/tok.json",
+           "--output", f"{GS}/out-plain.zarr", "--rejected_output", f"{GS}/out-plain.rejected-lines", *COMMON]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=100, env=user_env(gcs))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert [line for line in proc.stderr.splitlines() if not line.startswith("progress: ")] == [], proc.stderr[-3000:]
+    check_flat_tokens(fetch(gcs, "out-plain.zarr", tmp_path / "out.zarr"), "--compare", local_run)
+    proc = subprocess.run([sys.executable, "-m", "pipeline.verify", f"{GS}/out-plain.zarr"], cwd=REPO,
+                          capture_output=True, text=True, timeout=60, env=user_env(gcs))
+    assert (proc.returncode, proc.stderr) == (0, ""), proc.stderr[-3000:]

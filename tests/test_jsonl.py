@@ -44,3 +44,19 @@ def test_parse_line_follows_the_json_module():
     assert jsonl.parse_line(b'["text"]', "text") == (None, jsonl.NOT_AN_OBJECT)
     assert jsonl.parse_line(b'{"body": "x"}', "text") == (None, jsonl.MISSING_TEXT_KEY)
     assert jsonl.parse_line(b'{"text": 3}', "text") == (None, jsonl.TEXT_NOT_A_STRING)
+
+
+def test_the_key_census_suggests_only_a_key_that_always_holds_a_string():
+    census = jsonl.KeyCensus()
+    for raw in (b'{"id": "a", "body": "a long text"}', b'\xef\xbb\xbf {"id": "b", "body": "more text", "n": 1}'):
+        census.add(jsonl.load_object(raw))
+    assert census.likely_text_key() == "body"  # both are strings everywhere: the longer ones
+    assert census.describe() == "id (2), body (2), n (1); use --text_key body"
+    census.add(jsonl.load_object(b'{"id": "c", "body": null}'))
+    assert census.likely_text_key() == "id" and census.describe().endswith("use --text_key id")
+    census.add(jsonl.load_object(b'{"id": 4}'))
+    assert census.likely_text_key() is None and census.describe() == "id (4), body (3), n (1)"
+    # it travels inside the counts Counter that ranges sum up, and comes back whole
+    again = jsonl.KeyCensus.from_counts(census.to_counts() + census.to_counts())
+    assert (again.objects, again.keys, again.strings) == (8, census.keys + census.keys, census.strings + census.strings)
+    assert jsonl.load_object(b"[1, 2]") is None and jsonl.load_object(b"{broken") is None

@@ -118,8 +118,22 @@ def test_validation_input_forms_the_validation_split(tmp_path):
     out = tmp_path / "out.zarr"
     run_pipeline("--input", tmp_path / "train.jsonl", "--validation_input", tmp_path / "valid.jsonl",
                  "--output", out, "--tokenizer", "bytes")
-    stats = zarr.open_group(str(out), mode="r").attrs["stats"]
-    assert (stats["train"]["sequences"], stats["validation"]["sequences"]) == (50, 7)
+    attrs = zarr.open_group(str(out), mode="r").attrs
+    assert (attrs["stats"]["train"]["sequences"], attrs["stats"]["validation"]["sequences"]) == (50, 7)
+    assert attrs["validation_fraction"] == 0  # what was done: all of --input is train
+
+
+def test_a_validation_fraction_with_a_validation_input_is_refused(tmp_path):
+    """Both options at once used to run, ignore the fraction and record it as if applied."""
+    write_jsonl(tmp_path / "train.jsonl", [f"train {i}" for i in range(50)])
+    write_jsonl(tmp_path / "valid.jsonl", [f"valid {i}" for i in range(7)])
+    proc = run_pipeline("--input", tmp_path / "train.jsonl", "--validation_input", tmp_path / "valid.jsonl",
+                        "--validation_fraction", "0.2", "--output", tmp_path / "out.zarr", "--tokenizer", "bytes",
+                        check=False)
+    assert proc.returncode == 2, proc.stderr
+    error = proc.stderr.strip().splitlines()
+    assert len(error) == 1 and "--validation_fraction 0.2" in error[0] and "--validation_input" in error[0], proc.stderr
+    assert not (tmp_path / "out.zarr").exists()
 
 
 @pytest.mark.parametrize("extra", [["--zarr_format", "3"], ["--zarr_format", "3", "--chunks_per_shard", "4",

@@ -18,7 +18,7 @@ from pipeline.reader import (DatasetError, FlatTokensSplit, UncommittedDataset, 
 from tests.gcs_emulator import BUCKET, gcs  # noqa: F401 - pytest fixture
 from tests.helpers import CHECKER, REPO, SAMPLE, run_pipeline, write_jsonl
 
-EXAMPLE = [[1, 2], [3, 4, 5], [6, 7, 8]]  # the worked example of docs/flat-tokens.md
+EXAMPLE = [[1, 2], [3, 4, 5], [6, 7, 8]]  # the worked example of docs/flat-tokens-format.md
 
 
 def load_checker():

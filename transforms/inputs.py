@@ -270,6 +270,32 @@ def corrupt_input_message(f: InputFile, reached: int, lines: int, error: Excepti
 
 
 # ---------------------------------------------------------------------------------------------
+# A local GCS emulator
+
+
+def use_gcs_emulator_plainly() -> bool:
+    """When STORAGE_EMULATOR_HOST names a GCS emulator (fake-gcs-server, say), talks to it as
+    what it is, quietly: anonymously (it checks no credentials, and looking for some costs
+    time), through gcsfs's core filesystem. gcsfs's experimental zonal/HNS filesystem, its
+    default, first asks each bucket's layout over gRPC, which an emulator does not serve:
+    that printed "Could not determine bucket type ... default credentials were not found"
+    for every file opened (or, with credentials, stalled a minute per bucket).
+
+    Settings made explicitly win: GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT in the environment, a
+    token in fsspec's configuration or in storage_options. Runs when this module is imported,
+    before gcsfs is (gcsfs picks its filesystem class at import); worker processes inherit
+    the environment variable, and import this module too."""
+    if os.environ.get("STORAGE_EMULATOR_HOST", "") in ("", "default"):
+        return False
+    os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+    fsspec.config.conf.setdefault("gs", {}).setdefault("token", "anon")
+    return True
+
+
+use_gcs_emulator_plainly()
+
+
+# ---------------------------------------------------------------------------------------------
 # gcsfs sessions at interpreter exit
 
 

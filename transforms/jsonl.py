@@ -6,6 +6,8 @@ a line is the standard library's `json` (orjson is only the fast path: when it r
 line, `json` decides, so NaN or huge integers in other keys do not reject a document).
 """
 import json
+from collections import Counter
+from dataclasses import dataclass, field
 
 import orjson
 
@@ -93,3 +95,67 @@ def excerpt(raw: bytes) -> str:
     cut = raw[:EXCERPT_BYTES]
     text = cut.decode("utf-8", errors="backslashreplace")
     return text + ("..." if len(raw) > EXCERPT_BYTES else "")
+
+
+def load_object(raw: bytes) -> dict | None:
+    """The JSON object on a line, or None when the line holds no object (the slow path:
+    only for lines parse_line has already rejected)."""
+    raw = raw.strip()
+    if raw.startswith(BOM):
+        raw = raw[len(BOM):].strip()
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        try:
+            obj = json.loads(raw.decode("utf-8"))
+        except ValueError:  # UnicodeDecodeError included
+            return None
+    return obj if isinstance(obj, dict) else None
+
+
+_CENSUS = "keys_seen:"  # how a KeyCensus travels inside a Counter of line counts
+CENSUS_KEYS_PER_OBJECT = 32
+
+
+@dataclass
+class KeyCensus:
+    """Which keys the JSON objects of some lines have, and which hold strings: what a
+    message needs to say why --text_key matched nothing, and which key was probably meant."""
+    objects: int = 0
+    keys: Counter = field(default_factory=Counter)  # key -> objects that have it
+    strings: Counter = field(default_factory=Counter)  # key -> objects where it holds a string
+    chars: Counter = field(default_factory=Counter)  # key -> characters of those strings
+
+    def add(self, obj: dict) -> None:
+        self.objects += 1
+        for key, value in list(obj.items())[:CENSUS_KEYS_PER_OBJECT]:
+            self.keys[key] += 1
+            if isinstance(value, str):
+                self.strings[key] += 1
+                self.chars[key] += len(value)
+
+    def likely_text_key(self) -> str | None:
+        """The key holding a string in every object (the longest strings when several do)."""
+        always = [k for k, n in self.strings.items() if n == self.objects]
+        return max(always, key=lambda k: (self.chars[k], k)) if always and self.objects else None
+
+    def describe(self) -> str:
+        """'content (256), id (256), meta (12); use --text_key content'."""
+        keys = ", ".join(f"{k} ({n})" for k, n in self.keys.most_common(8)) or "none"
+        likely = self.likely_text_key()
+        return keys + (f"; use --text_key {likely}" if likely else "")
+
+    def to_counts(self) -> Counter:
+        counts = Counter({_CENSUS + "objects": self.objects})
+        for name in ("keys", "strings", "chars"):
+            counts.update({f"{_CENSUS}{name}:{k}": v for k, v in getattr(self, name).items()})
+        return counts
+
+    @classmethod
+    def from_counts(cls, counts: dict) -> "KeyCensus":
+        census = cls(objects=counts.get(_CENSUS + "objects", 0))
+        for k, v in counts.items():
+            if k.startswith(_CENSUS) and k != _CENSUS + "objects":
+                name, key = k[len(_CENSUS):].split(":", 1)
+                getattr(census, name)[key] += v
+        return census

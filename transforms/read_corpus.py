@@ -9,7 +9,7 @@ from typing import NamedTuple
 
 import apache_beam as beam
 
-from transforms import parquet, read_jsonl
+from transforms import jsonl, parquet, read_jsonl
 from transforms.inputs import PARQUET, ReadRange
 from transforms.parquet import RowGroup
 from transforms.read_jsonl import COUNTS, LINE_COUNTS, REJECTED, ReadJsonlDocuments
@@ -23,21 +23,28 @@ class Corpus(NamedTuple):
     counts: beam.PCollection  # a Counter per range or row group
 
 
-def peek_documents(files, count: int, text_key: str, storage_options: dict | None = None) -> list[str]:
-    """The first `count` documents of the input, in file order (for checks before the run)."""
-    texts = []
+def peek_input(files, count: int, text_key: str, storage_options: dict | None = None) -> read_jsonl.Peek:
+    """The input's first documents, in file order, until `count` (for checks before the run),
+    and the keys of the first JSON objects that lack the text key (read_jsonl.check_text_key)."""
+    peek = read_jsonl.Peek([], [], jsonl.KeyCensus())
     for f in files:
-        if len(texts) >= count:
+        if len(peek.texts) >= count:
             break
         if f.format == PARQUET:
+            peek.files.append(f.url)
             with contextlib.closing(parquet.iter_texts(f, f.text_key or text_key, storage_options)) as documents:
                 for text in documents:
-                    texts.append(text)
-                    if len(texts) >= count:
+                    peek.texts.append(text)
+                    if len(peek.texts) >= count:
                         break
         else:
-            texts += read_jsonl.peek_documents([f], count - len(texts), text_key, storage_options)
-    return texts
+            read_jsonl.peek_input([f], count - len(peek.texts), text_key, storage_options, peek)
+    return peek
+
+
+def peek_documents(files, count: int, text_key: str, storage_options: dict | None = None) -> list[str]:
+    """The first `count` documents of the input, in file order."""
+    return peek_input(files, count, text_key, storage_options).texts
 
 
 class ReadCorpus(beam.PTransform):

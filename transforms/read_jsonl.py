@@ -1,6 +1,7 @@
 """ReadJsonlDocuments: byte ranges of JSONL files -> batches of documents, plus an account
 of every line that is not a document (blank lines counted, rejected lines reported)."""
 from collections import Counter
+from dataclasses import dataclass
 
 import apache_beam as beam
 import numpy as np
@@ -14,27 +15,64 @@ from transforms.records import DocumentBatch
 REJECTED = "rejected"
 LINE_COUNTS = "line_counts"
 COUNTS = "counts"
+# Lines without --text_key whose keys each range reports (for the failure message's hint).
+CENSUS_LINES_PER_RANGE = 16
+# Bytes read between two progress updates, whether or not a batch is complete (ProgressFile
+# throttles what reaches the disk).
+PROGRESS_BYTES = 1 << 20
 
 
-def peek_documents(files, count: int, text_key: str, storage_options: dict | None = None) -> list[str]:
-    """The first `count` documents of the input, in file order (for checks before the run)."""
-    texts = []
+@dataclass
+class Peek:
+    """The first lines of the input, looked at before the run."""
+    texts: list[str]  # the first documents, in file order (for the tokenizer guard)
+    files: list[str]  # the files those lines came from
+    lacking: jsonl.KeyCensus  # the keys of the objects that lack --text_key
+
+
+def peek_input(files, count: int, text_key: str, storage_options: dict | None = None,
+               peek: Peek | None = None) -> Peek:
+    """Reads the input's first lines, in file order, until `count` documents, or `count`
+    non-blank lines that are not documents (so a wrong --text_key does not read it all).
+    Adds to `peek` when given (the first files may have been of another format)."""
+    peek = peek or Peek([], [], jsonl.KeyCensus())
+    others = 0
     for f in files:
+        peek.files.append(f.url)
         reached = lines = 0
         try:
             with open_input(f, storage_options) as fh:
                 for offset, raw in jsonl.iter_lines(fh):
                     reached, lines = offset + len(raw) + 1, lines + 1
-                    text, _ = jsonl.parse_line(raw, f.text_key or text_key)
+                    text, reason = jsonl.parse_line(raw, f.text_key or text_key)
                     if text is not None:
-                        texts.append(text)
-                        if len(texts) >= count:
-                            return texts
+                        peek.texts.append(text)
+                    elif reason is not None:
+                        others += 1
+                        if reason == jsonl.MISSING_TEXT_KEY:
+                            peek.lacking.add(jsonl.load_object(raw))
+                    if len(peek.texts) >= count or others >= count:
+                        return peek
         except COMPRESSED_DATA_ERRORS as e:
             if not f.compression:
                 raise
             raise InputError(corrupt_input_message(f, reached, lines, e)) from None
-    return texts
+    return peek
+
+
+def peek_documents(files, count: int, text_key: str, storage_options: dict | None = None) -> list[str]:
+    """The first `count` documents of the input, in file order (for checks before the run)."""
+    return peek_input(files, count, text_key, storage_options).texts
+
+
+def check_text_key(peek: Peek, text_key: str) -> None:
+    """Raises InputError when none of the first JSON objects has --text_key: the run would
+    reject every line as missing_text_key. The message names the keys they do have."""
+    if peek.texts or not peek.lacking.objects:
+        return
+    where = peek.files[0] + (f" and {len(peek.files) - 1} more file(s)" if len(peek.files) > 1 else "")
+    raise InputError(f"--text_key {text_key}: none of the first {peek.lacking.objects} JSON objects of the input "
+                     f"({where}) has this key; their keys: {peek.lacking.describe()}")
 
 
 class CorruptInput(RuntimeError):
@@ -64,17 +102,19 @@ class ReadRangeFn(beam.DoFn):
 
     def process(self, rng: ReadRange):
         counts = Counter()
+        lacking = jsonl.KeyCensus()
         offsets, texts = [], []
-        text_bytes = line_bytes = 0
+        text_bytes = unreported_bytes = 0
 
         def batch():
-            nonlocal text_bytes, line_bytes
+            nonlocal text_bytes, unreported_bytes
             counts["documents"] += len(texts)
-            self._progress.add(documents=len(texts), bytes=line_bytes)
+            self._progress.add(documents=len(texts), bytes=unreported_bytes)
+            unreported_bytes = 0
             done = DocumentBatch(rng.file.key, rng.file.split, np.array(offsets, dtype=np.uint64), texts[:])
             offsets.clear()
             texts.clear()
-            text_bytes = line_bytes = 0
+            text_bytes = 0
             return done
 
         text_key = rng.file.text_key or self._text_key
@@ -83,8 +123,11 @@ class ReadRangeFn(beam.DoFn):
             with open_input(rng.file, self._storage_options) as f:
                 for offset, raw in jsonl.iter_lines(f, rng.start, rng.stop):
                     counts["lines"] += 1
-                    line_bytes += len(raw) + 1
                     reached = offset + len(raw) + 1
+                    unreported_bytes += len(raw) + 1
+                    if unreported_bytes >= PROGRESS_BYTES:
+                        self._progress.add(bytes=unreported_bytes)
+                        unreported_bytes = 0
                     text, reason = jsonl.parse_line(raw, text_key)
                     if text is not None:
                         offsets.append(offset)
@@ -97,6 +140,8 @@ class ReadRangeFn(beam.DoFn):
                     else:
                         counts["rejected"] += 1
                         counts["rejected:" + reason] += 1
+                        if reason == jsonl.MISSING_TEXT_KEY and lacking.objects < CENSUS_LINES_PER_RANGE:
+                            lacking.add(jsonl.load_object(raw))
                         yield beam.pvalue.TaggedOutput(REJECTED, {
                             "file": rng.file.url, "file_key": rng.file.key, "range_start": rng.start,
                             "line_in_range": counts["lines"], "offset": offset, "reason": reason,
@@ -108,8 +153,10 @@ class ReadRangeFn(beam.DoFn):
             raise CorruptInput(corrupt_input_message(rng.file, reached, counts["lines"], e)) from None
         if texts:
             yield batch()
+        self._progress.add(bytes=unreported_bytes)
+        self._progress.flush()  # a finished range shows in full now, not when the workers stop
         yield beam.pvalue.TaggedOutput(LINE_COUNTS, (rng.file.key, rng.start, counts["lines"]))
-        yield beam.pvalue.TaggedOutput(COUNTS, counts)
+        yield beam.pvalue.TaggedOutput(COUNTS, counts + lacking.to_counts())
 
 
 class ReadJsonlDocuments(beam.PTransform):

@@ -19,6 +19,7 @@ from collections import defaultdict
 import apache_beam as beam
 from fsspec.core import url_to_fs
 
+from transforms import jsonl
 from transforms.inputs import close_gcs_sessions_at_exit
 
 close_gcs_sessions_at_exit()
@@ -126,10 +127,15 @@ def check_rejected_fraction(counts: dict, max_fraction: float, report_url: str) 
         return
     reasons = sorted(((v, k.split(":", 1)[1]) for k, v in counts.items() if k.startswith("rejected:")), reverse=True)
     top = ", ".join(f"{reason} {n}" for n, reason in reasons[:3])
+    hint = ""
+    if reasons[0][1] == jsonl.MISSING_TEXT_KEY:  # most likely a wrong --text_key: say which keys there are
+        census = jsonl.KeyCensus.from_counts(counts)
+        hint = (f" Is --text_key right? {census.objects} sampled lines without it have the keys: "
+                f"{census.describe()}.")
     raise TooManyRejectedLines(
         f"{rejected} of {considered} non-blank input lines were rejected ({rejected / considered:.2%}), above "
         f"--max_rejected_fraction {max_fraction}; top reasons: {top}; examples with file and line in "
-        f"{report_url}/. Fix the input, or raise --max_rejected_fraction to accept the loss.")
+        f"{report_url}/. Fix the input, or raise --max_rejected_fraction to accept the loss.{hint}")
 
 
 class CheckRejectedFraction(beam.DoFn):

@@ -8,6 +8,9 @@ file replaced during a run fails the job instead of mixing two tokenizers.
 """
 import hashlib
 import logging
+import socket
+import urllib.parse
+import urllib.request
 from dataclasses import dataclass
 
 import apache_beam as beam
@@ -60,13 +63,47 @@ def _load_json_text(spec: str, storage_options: dict | None) -> tuple[str, str]:
     if not _looks_like_hub_name(spec):
         raise TokenizerError(f"--tokenizer {spec}: no such file; give a tokenizer.json path or URL, "
                              f"'bytes', or a HuggingFace hub name")
-    from tokenizers import Tokenizer
+    return _load_from_hub(spec), "hub"
+
+
+# How long the hub may take to accept a connection before we call it out of reach. Its client
+# would retry an unreachable hub five times with backoff (~25 s), saying so at each retry.
+HUB_CONNECT_SECONDS = 3
+
+
+def hub_out_of_reach() -> str | None:
+    """Why the HuggingFace hub (HF_ENDPOINT, or the proxy in front of it) cannot be reached
+    now, from one connection attempt of a few seconds at most; None when it can be."""
+    from huggingface_hub import constants
+    if constants.HF_HUB_OFFLINE:
+        return "HF_HUB_OFFLINE is set"
+    endpoint = urllib.parse.urlsplit(constants.ENDPOINT)
+    host, port = endpoint.hostname, endpoint.port or (443 if endpoint.scheme == "https" else 80)
+    proxy = urllib.request.getproxies().get(endpoint.scheme)
+    if proxy and not urllib.request.proxy_bypass(host):
+        proxy = urllib.parse.urlsplit(proxy if "://" in proxy else f"http://{proxy}")
+        host, port = proxy.hostname, proxy.port or 80
     try:
-        return Tokenizer.from_pretrained(spec).to_str(), "hub"
+        socket.create_connection((host, port), timeout=HUB_CONNECT_SECONDS).close()
+    except OSError as e:
+        return f"cannot connect to {host}:{port}: {e.strerror or e}"
+    return None
+
+
+def _load_from_hub(spec: str) -> str:
+    """tokenizer.json of a hub repository (what Tokenizer.from_pretrained loads): downloaded
+    when the hub is in reach, else from the local HuggingFace cache, else a TokenizerError."""
+    from huggingface_hub import hf_hub_download
+    from tokenizers import Tokenizer
+    out_of_reach = hub_out_of_reach()
+    try:
+        path = hf_hub_download(spec, "tokenizer.json", local_files_only=out_of_reach is not None)
+        return Tokenizer.from_file(path).to_str()
     except Exception as e:  # the hub client raises many kinds: offline, 404, auth
-        raise TokenizerError(f"--tokenizer {spec}: not a local file, and fetching it from the "
-                             f"HuggingFace hub failed ({type(e).__name__}: {str(e)[:200]}); "
-                             f"download tokenizer.json where the network allows and pass its path") from None
+        why = (f"the HuggingFace hub is out of reach ({out_of_reach}) and the local cache has no copy"
+               if out_of_reach else f"fetching it from the HuggingFace hub failed ({type(e).__name__}: {str(e)[:200]})")
+        raise TokenizerError(f"--tokenizer {spec}: not a local file, and {why}; download tokenizer.json "
+                             f"where the network allows and pass its path") from None
 
 
 def _parse(json_text: str, spec: str):
@@ -187,6 +224,9 @@ class TokenizeBatches(beam.DoFn):
         tokenized = tokenize_batch(batch, self._encoder, self._info, self._reference, self._digests)
         self._progress.add(tokens=int(tokenized.ids.size))
         yield tokenized
+
+    def finish_bundle(self):
+        self._progress.flush()  # the bundle's tokens show now, not when the workers stop
 
     def teardown(self):
         if self._progress:
