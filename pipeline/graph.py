@@ -49,6 +49,7 @@ class JobPlan:
     rejected_url: str
     input_bytes: int = 0
     progress_dir: str | None = None  # local runs only: where workers leave progress totals
+    spill_dir: str | None = None  # local runs only: where shard parts' ids wait for the sort (transforms/spill.py)
     provenance: dict = field(default_factory=dict)
 
 
@@ -116,7 +117,7 @@ def build_pipeline(p: beam.Pipeline, plan: JobPlan):
     tokenized = corpus.documents | "Tokenize" >> beam.ParDo(
         TokenizeBatches(plan.tokenizer, so, plan.progress_dir)).with_output_types(TokenizedBatch)
     shards, sizes = tokenized | "ShuffleGlobally" >> ShuffleGlobally(
-        plan.seed, plan.validation_fraction, plan.num_shards)
+        plan.seed, plan.validation_fraction, plan.num_shards, plan.spill_dir)
     layout = sizes | "LayOutShards" >> beam.CombineGlobally(LayOutShards())
     counts = (
         (corpus.counts, tokenized | "CountEmpty" >> beam.Map(lambda b: {"empty": b.empty}))

@@ -14,13 +14,13 @@ import time
 
 from pipeline import logs  # noqa: I001 (before apache_beam: it filters Beam's import-time noise)
 import apache_beam as beam
-from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions, StandardOptions
 from fsspec.core import url_to_fs
 
 from pipeline import allocator
 from pipeline.graph import build_pipeline, plan_job
 from pipeline.options import FlatTokensOptions, OptionError, check_options, help_text, unknown_options
-from transforms import zarr_store
+from transforms import spill, zarr_store
 from transforms.inputs import InputError
 from transforms.progress import ProgressLogger
 from transforms.tokenize import TokenizerError
@@ -52,6 +52,13 @@ def in_process_runner(options: PipelineOptions):
     encoded = JobServiceHandle.encode_pipeline_options(options.get_all_options())
     return fn_runner.FnApiRunner(provision_info=fn_runner.ExtendedProvisionInfo(
         beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded)))
+
+
+def local_temp_root(options: PipelineOptions) -> str | None:
+    """Where a local run keeps its temporary files: --temp_location when it is a local path,
+    else the system's temporary directory (None)."""
+    temp = options.view_as(GoogleCloudOptions).temp_location
+    return temp if temp and "://" not in temp else None
 
 
 def output_bytes(url: str, storage_options: dict | None = None) -> int | None:
@@ -148,7 +155,14 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="flat-tokens-progress-") as progress_dir:
         if local and not ft.quiet:
             plan.progress_dir = progress_dir
-        code = _run(options, plan, ft)
+        if local:
+            plan.spill_dir = spill.make_directory(plan.target.run_id, local_temp_root(options))
+            logs.log().debug("shard parts wait for the sort in %s", plan.spill_dir)
+        try:
+            code = _run(options, plan, ft)
+        finally:
+            if plan.spill_dir:
+                spill.remove_directory(plan.spill_dir)
     if code is not None:
         return code
     summary = summarize(ft.output, time.time() - started, plan.target.storage_options)

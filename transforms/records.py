@@ -59,6 +59,9 @@ class ShardPart:
     packed_ids: bytes  # token ids of the documents, concatenated, compressed for the shuffle
     ids_dtype: str  # "uint16" or "uint32"
     max_token_id: int  # measured when packed, so sizing a part needs no decompression
+    # On local runners the packed ids wait on disk, not in the runner (transforms/spill.py):
+    # then packed_ids is empty and this says where they are.
+    spilled: "SpilledBytes | None" = None  # noqa: F821 (transforms.spill.SpilledBytes)
 
     @classmethod
     def of(cls, order_hashes, salts, offsets, lengths, ids: np.ndarray) -> "ShardPart":
@@ -67,7 +70,8 @@ class ShardPart:
                    int(ids.max()) if ids.size else -1)
 
     def ids(self) -> np.ndarray:
-        return np.frombuffer(_SHUFFLE_CODEC.decode(self.packed_ids), dtype=self.ids_dtype)
+        packed = self.packed_ids if self.spilled is None else self.spilled.read()
+        return np.frombuffer(_SHUFFLE_CODEC.decode(packed), dtype=self.ids_dtype)
 
 
 @dataclass

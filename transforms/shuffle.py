@@ -9,6 +9,7 @@ import apache_beam as beam
 import numpy as np
 
 from transforms import shuffle_keys as keys
+from transforms import spill
 from transforms.records import ShardPart, ShardSize, SortedShard, TokenizedBatch, encode_start_bits
 
 SPLITS = ("train", "validation")
@@ -101,20 +102,41 @@ def sort_shard(keyed_parts) -> SortedShard:
     return SortedShard(split, shard, sorted_lengths, encode_start_bits(ids, sorted_lengths))
 
 
+class KeyByShard(beam.DoFn):
+    """TokenizedBatch -> ((split, shard), ShardPart) for each shard its documents hit. With a
+    spill directory (local runners) the parts' ids go to disk and only references to them
+    travel on (transforms/spill.py)."""
+
+    def __init__(self, seed: int, validation_fraction: float, num_shards: dict[str, int],
+                 spill_dir: str | None = None):
+        self._seed = seed
+        self._validation_fraction = validation_fraction
+        self._num_shards = num_shards
+        self._spill_dir = spill_dir
+
+    def process(self, batch: TokenizedBatch):
+        parts = list(split_and_shard(batch, self._seed, self._validation_fraction, self._num_shards))
+        if self._spill_dir and parts:
+            parts = spill.spill_parts(self._spill_dir, batch.file_key, int(batch.offsets[0]), parts)
+        yield from parts
+
+
 class ShuffleGlobally(beam.PTransform):
     """TokenizedBatches -> (SortedShards, ShardSizes). Each split's shards, concatenated in
     shard order, are that split's documents in a seeded uniformly random order."""
 
-    def __init__(self, seed: int, validation_fraction: float, num_shards: dict[str, int]):
+    def __init__(self, seed: int, validation_fraction: float, num_shards: dict[str, int],
+                 spill_dir: str | None = None):
         super().__init__()
         self._seed = seed
         self._validation_fraction = validation_fraction
         self._num_shards = num_shards
+        self._spill_dir = spill_dir
 
     def expand(self, batches):
-        parts = batches | "KeyByShard" >> beam.FlatMap(
-            split_and_shard, self._seed, self._validation_fraction, self._num_shards,
-        ).with_output_types(tuple[tuple[str, int], ShardPart])
+        parts = batches | "KeyByShard" >> beam.ParDo(KeyByShard(
+            self._seed, self._validation_fraction, self._num_shards, self._spill_dir,
+        )).with_output_types(tuple[tuple[str, int], ShardPart])
         sizes = parts | "MeasureParts" >> beam.Map(size_of)
         shards = (
             parts
