@@ -35,7 +35,7 @@ def test_spilled_parts_hold_the_same_documents_and_a_retry_writes_the_same_file(
     assert len(first) == 1, "one file per batch, whatever the number of shards it hits"
     assert len(spilled) == len(in_band) > 1
     for (key, part), (key_in_band, part_in_band) in zip(spilled, in_band):
-        assert key == key_in_band and part.packed_ids == b"" and part.spilled is not None
+        assert key == key_in_band and part.raw_ids is None and part.packed_ids is None and part.spilled
         assert np.array_equal(part.ids(), part_in_band.ids()) and part.ids().dtype == part_in_band.ids().dtype
         assert np.array_equal(part.offsets, part_in_band.offsets)
     assert list(fn.process(batch))[0][1].spilled == spilled[0][1].spilled  # a retried bundle: same place
