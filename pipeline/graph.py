@@ -24,7 +24,8 @@ from transforms.rejected import CheckRejectedFraction, WriteRejectedLines
 from transforms.shuffle import ShuffleGlobally
 from transforms.tokenize import TokenizeBatches, TokenizerInfo, resolve_tokenizer
 from transforms.write_zarr import CreateOutput, LayOutShards, WriteFlatTokens
-from transforms.zarr_store import StoreTarget
+from transforms.layout import lay_out
+from transforms.zarr_store import SPLITS, StoreTarget
 
 # Compressed inputs are sized on storage; text is about this many times larger.
 COMPRESSION_RATIO_GUESS = 4
@@ -118,20 +119,26 @@ def build_pipeline(p: beam.Pipeline, plan: JobPlan):
         TokenizeBatches(plan.tokenizer, so, plan.progress_dir)).with_output_types(TokenizedBatch)
     shards, sizes = tokenized | "ShuffleGlobally" >> ShuffleGlobally(
         plan.seed, plan.validation_fraction, plan.num_shards, plan.spill_dir)
-    layout = sizes | "LayOutShards" >> beam.CombineGlobally(LayOutShards())
+    # Combines without defaults and one Impulse per "once": a CombineGlobally's default adds
+    # five transforms and a Create four, which Beam builds, translates and runs even for
+    # tiny inputs. Counts and chunk receipts are never empty (every input range reports its
+    # counts; the end markers' chunk always exists); an input without documents has no
+    # shard sizes, and lays out no shards.
+    layout = sizes | "LayOutShards" >> beam.CombineGlobally(LayOutShards()).without_defaults()
+    layout_view = singleton(layout, default_value=lay_out({}, SPLITS))
     counts = (
         (corpus.counts, tokenized | "CountEmpty" >> beam.Map(lambda b: {"empty": b.empty}))
         | "GatherCounts" >> beam.Flatten()
-        | "SumCounts" >> beam.CombineGlobally(SumCounts())
+        | "SumCounts" >> beam.CombineGlobally(SumCounts()).without_defaults()
     )
     created = (
         p
-        | "Once" >> beam.Create([None], reshuffle=False)
-        | "CreateOutput" >> beam.ParDo(CreateOutput(plan.target, plan.overwrite, plan.rejected_url), singleton(layout)))
+        | "Once" >> beam.Impulse()
+        | "CreateOutput" >> beam.ParDo(CreateOutput(plan.target, plan.overwrite, plan.rejected_url), layout_view))
     reports = corpus.rejected | "ReportRejectedLines" >> WriteRejectedLines(
         plan.rejected_url, beam.pvalue.AsList(corpus.line_counts), singleton(created), so)
     ready = counts | "CheckRejectedFraction" >> beam.ParDo(
         CheckRejectedFraction(plan.max_rejected_fraction, plan.rejected_url),
         beam.pvalue.AsList(reports), singleton(created))
-    chunks_written = shards | "WriteFlatTokens" >> WriteFlatTokens(plan.target, singleton(layout), singleton(ready))
+    chunks_written = shards | "WriteFlatTokens" >> WriteFlatTokens(plan.target, layout_view, singleton(ready))
     return (chunks_written, layout, counts) | "CommitDataset" >> CommitDataset(plan.target, plan.provenance)

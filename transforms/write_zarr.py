@@ -201,7 +201,7 @@ class WriteFlatTokens(beam.PTransform):
             WriteOwnedChunks(self._target), layout, ready).with_outputs(WriteOwnedChunks.FRAGMENTS, main="receipts")
         markers = (
             shards.pipeline
-            | "Once" >> beam.Create([None], reshuffle=False)
+            | "Once" >> beam.Impulse()
             | "WriteEndMarkers" >> beam.ParDo(WriteEndMarkers(self._target), layout, ready)
             .with_outputs(WriteOwnedChunks.FRAGMENTS, main="receipts"))
         shared = (
@@ -213,5 +213,5 @@ class WriteFlatTokens(beam.PTransform):
             (owned.receipts, markers.receipts, shared)
             | "GatherReceipts" >> beam.Flatten()
             | "KeyReceipts" >> beam.Map(lambda receipt: {receipt[:2]: receipt[2]})
-            | "CountChunks" >> beam.CombineGlobally(SumCounts())
+            | "CountChunks" >> beam.CombineGlobally(SumCounts()).without_defaults()  # never empty: end markers
         )
