@@ -52,10 +52,11 @@ def main(argv=None) -> int:
     return module.main(argv[1:])
 
 
-def console_script() -> int:
-    """The `flat-tokens` entry point."""
-    return run_command(main)
+def console_script() -> None:
+    """The `flat-tokens` entry point: main(), a closed stdout handled as Unix tools do, then
+    the process ends without the interpreter's teardown (logs.exit_process)."""
+    logs.exit_process(run_command(main))
 
 
 if __name__ == "__main__":
-    sys.exit(console_script())
+    console_script()

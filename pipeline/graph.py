@@ -34,7 +34,8 @@ from transforms.rejected import CheckRejectedFraction, WriteRejectedLines
 from transforms.shuffle import ShuffleGlobally, count_available, count_copies
 from transforms.tokenize import TokenizeBatches, TokenizerInfo, resolve_tokenizer
 from transforms.write_zarr import CreateOutput, LayOutShards, WriteFlatTokens
-from transforms.zarr_store import StoreTarget
+from transforms.layout import lay_out
+from transforms.zarr_store import SPLITS, StoreTarget
 
 # Compressed inputs are sized on storage; text is about this many times larger.
 COMPRESSION_RATIO_GUESS = 4
@@ -60,6 +61,7 @@ class JobPlan:
     input_bytes: int = 0
     progress_dir: str | None = None  # local runs only: where workers leave progress totals
     expected_owner: tuple = (0, "")  # (claim generation, run id) the launcher found at the output
+    spill_dir: str | None = None  # local runs only: where shard parts' ids wait for the sort (transforms/spill.py)
     provenance: dict = field(default_factory=dict)
     row_groups: list[RowGroup] = field(default_factory=list)  # of the Parquet files, from their footers
     dedup_shards: int | None = None  # --dedup exact: shards of the dedup shuffle; None: no dedup
@@ -210,27 +212,33 @@ def build_pipeline(p: beam.Pipeline, plan: JobPlan):
         counted += [tokenized | "CountSourceDocuments" >> beam.Map(count_source_documents, plan.source_of_input),
                     source_counts]
     shards, sizes = batches | "ShuffleGlobally" >> ShuffleGlobally(
-        plan.seed, plan.validation_fraction, plan.num_shards, sampling, plan.source_of_input)
+        plan.seed, plan.validation_fraction, plan.num_shards, sampling, plan.source_of_input, plan.spill_dir)
     if sampling is not None:
         counted.append(batches | "CountCopies" >> beam.Map(
             count_copies, plan.seed, plan.validation_fraction, plan.source_of_input, sampling))
-    layout = sizes | "LayOutShards" >> beam.CombineGlobally(LayOutShards())
+    # Combines without defaults and one Impulse per "once": a CombineGlobally's default adds
+    # five transforms and a Create four, which Beam builds, translates and runs even for
+    # tiny inputs. Counts and chunk receipts are never empty (every input range reports its
+    # counts; the end markers' chunk always exists); an input without documents has no
+    # shard sizes, and lays out no shards.
+    layout = sizes | "LayOutShards" >> beam.CombineGlobally(LayOutShards()).without_defaults()
+    layout_view = singleton(layout, default_value=lay_out({}, SPLITS))
     counts = (
         tuple(counted)
         | "GatherCounts" >> beam.Flatten()
-        | "SumCounts" >> beam.CombineGlobally(SumCounts())
+        | "SumCounts" >> beam.CombineGlobally(SumCounts()).without_defaults()
     )
     created = (
         p
-        | "Once" >> beam.Create([None], reshuffle=False)
+        | "Once" >> beam.Impulse()
         | "CreateOutput" >> beam.ParDo(
-            CreateOutput(plan.target, plan.overwrite, plan.rejected_url, plan.expected_owner), singleton(layout)))
+            CreateOutput(plan.target, plan.overwrite, plan.rejected_url, plan.expected_owner), layout_view))
     reports = corpus.rejected | "ReportRejectedLines" >> WriteRejectedLines(
         plan.rejected_url, beam.pvalue.AsList(corpus.line_counts), singleton(created), so, plan.target.run_id)
     ready = counts | "CheckRejectedFraction" >> beam.ParDo(
         CheckRejectedFraction(plan.max_rejected_fraction, plan.rejected_url),
         beam.pvalue.AsList(reports), singleton(created))
-    chunks_written = shards | "WriteFlatTokens" >> WriteFlatTokens(plan.target, singleton(layout), singleton(ready))
+    chunks_written = shards | "WriteFlatTokens" >> WriteFlatTokens(plan.target, layout_view, singleton(ready))
     return (chunks_written, layout, counts) | "CommitDataset" >> CommitDataset(plan.target, plan.provenance,
                                                                               plan.mixture)
 

@@ -3,6 +3,7 @@
 Imported before apache_beam, because Beam logs an irrelevant warning ("apitools not found")
 through the root logger while it is being imported."""
 import logging
+import os
 import sys
 
 LOGGER = "flat_tokens"
@@ -30,6 +31,18 @@ def configure(level: str = "info") -> None:
 
 def log() -> logging.Logger:
     return logging.getLogger(LOGGER)
+
+
+def exit_process(code: int) -> None:
+    """Ends a command-line process once its output is flushed, without the interpreter's
+    teardown: freeing the tokenizers, a last garbage collection over Beam's objects and
+    module cleanup measured 0.3 s of CPU at the end of every run, and do nothing the
+    operating system does not do when the process ends. Files are closed by then (the
+    commands write through `with` blocks); only the console script and `python -m` use it."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 configure()

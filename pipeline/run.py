@@ -15,13 +15,13 @@ import time
 
 from pipeline import logs  # noqa: I001 (before apache_beam: it filters Beam's import-time noise)
 import apache_beam as beam
-from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions, StandardOptions
 from fsspec.core import url_to_fs
 
 from pipeline import VERSION, allocator
 from pipeline.graph import build_pipeline, plan_job
 from pipeline.options import FlatTokensOptions, OptionError, check_options, help_text, unknown_options
-from transforms import zarr_store
+from transforms import spill, zarr_store
 from transforms.inputs import InputError
 from transforms.mixture import source_table
 from transforms.ownership import refuse_overlaps
@@ -62,6 +62,13 @@ def in_process_runner(options: PipelineOptions):
     encoded = JobServiceHandle.encode_pipeline_options(options.get_all_options())
     return FnApiRunner(provision_info=fn_runner.ExtendedProvisionInfo(
         beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded)))
+
+
+def local_temp_root(options: PipelineOptions) -> str | None:
+    """Where a local run keeps its temporary files: --temp_location when it is a local path,
+    else the system's temporary directory (None)."""
+    temp = options.view_as(GoogleCloudOptions).temp_location
+    return temp if temp and "://" not in temp else None
 
 
 def output_bytes(url: str, storage_options: dict | None = None) -> int | None:
@@ -173,7 +180,14 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="flat-tokens-progress-") as progress_dir:
         if local and not ft.quiet:
             plan.progress_dir = progress_dir
-        code = _run(options, plan, ft)
+        if local:
+            plan.spill_dir = spill.make_directory(plan.target.run_id, local_temp_root(options))
+            logs.log().debug("shard parts wait for the sort in %s", plan.spill_dir)
+        try:
+            code = _run(options, plan, ft)
+        finally:
+            if plan.spill_dir:
+                spill.remove_directory(plan.spill_dir)
     if code is not None:
         return code
     summary = summarize(ft.output, time.time() - started, plan.target.storage_options)
@@ -213,4 +227,4 @@ def _run(options, plan, ft) -> int | None:
 
 if __name__ == "__main__":
     from pipeline.cli import run_command
-    sys.exit(run_command(main))
+    logs.exit_process(run_command(main))

@@ -112,6 +112,19 @@ def test_one_document_and_an_empty_validation_split(tmp_path):
     assert verify.verify_dataset(str(out)) == []
 
 
+def test_an_input_without_a_document_to_write_gives_an_empty_committed_dataset(tmp_path):
+    """No shard sizes at all: the layout side input falls back to no shards."""
+    (tmp_path / "in.jsonl").write_text('\n   \n{"text": ""}\n\n', encoding="utf-8")
+    out = tmp_path / "out.zarr"
+    run_pipeline("--input", tmp_path / "in.jsonl", "--output", out, "--tokenizer", "bytes")
+    for split in ("train", "validation"):
+        tokens, starts, max_id = arrays(out, split)
+        assert tokens.size == 0 and starts.tolist() == [0] and max_id == 0
+    stats = zarr.open_group(str(out), mode="r").attrs["stats"]
+    assert (stats["documents"], stats["blank"], stats["empty"]) == (1, 3, 1)
+    assert verify.verify_dataset(str(out)) == []
+
+
 def test_validation_input_forms_the_validation_split(tmp_path):
     write_jsonl(tmp_path / "train.jsonl", [f"train {i}" for i in range(50)])
     write_jsonl(tmp_path / "valid.jsonl", [f"valid {i}" for i in range(7)])

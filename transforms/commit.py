@@ -120,8 +120,9 @@ class CommitDataset(beam.PTransform):
         chunks_written, layout, counts = inputs
         return (
             chunks_written.pipeline
-            | "Once" >> beam.Create([None], reshuffle=False)
+            | "Once" >> beam.Impulse()
             | "Commit" >> beam.ParDo(CommitFn(self._target, self._provenance, self._mixture),
-                                     beam.pvalue.AsSingleton(chunks_written), beam.pvalue.AsSingleton(layout),
+                                     beam.pvalue.AsSingleton(chunks_written),
+                                     beam.pvalue.AsSingleton(layout, default_value=plan.lay_out({}, SPLITS)),
                                      beam.pvalue.AsSingleton(counts))
         )

@@ -41,8 +41,8 @@ def narrowest_ids(ids: np.ndarray) -> np.ndarray:
     return ids.astype(np.uint32)
 
 
-# Ids cross the shuffle in their narrowest type, LZ4-compressed, without start bits (the
-# lengths imply them): 1.2 bytes per token on real GPT-2 text instead of 1.96 for the
+# Ids cross a runner's shuffle in their narrowest type, LZ4-compressed, without start bits
+# (the lengths imply them): 1.2 bytes per token on real GPT-2 text instead of 1.96 for the
 # encoded uint32 tokens under Blosc lz4 + bit-shuffle, and faster to pack and unpack. The
 # runner copies and holds these bytes (on Dataflow, bills them as shuffle volume), so they
 # set both the shuffle's time and its memory. LZ4 is single-threaded and deterministic.
@@ -51,24 +51,41 @@ _SHUFFLE_CODEC = numcodecs.LZ4(acceleration=1)
 
 @dataclass
 class ShardPart:
-    """The documents of one batch that fall into one (split, shard) of the global shuffle."""
+    """The documents of one batch that fall into one (split, shard) of the global shuffle.
+
+    Its ids are in exactly one of three places: in memory as made (`raw_ids`); packed with
+    LZ4 once the part is pickled to cross a runner's shuffle (`packed_ids`, see
+    __getstate__); or, on local runners, uncompressed in a file (`spilled`,
+    transforms/spill.py), where LZ4 would cost more CPU (0.5 s per 95M ids) than it saves."""
 
     order_hashes: np.ndarray  # uint64
     salts: np.ndarray  # uint64 order salt of each document's file (a tie-breaker)
     offsets: np.ndarray  # uint64 (with --dedup exact, these two hold the halves of the content digest)
     lengths: np.ndarray  # int64
-    packed_ids: bytes  # token ids of the documents, concatenated, compressed for the shuffle
     ids_dtype: str  # "uint16" or "uint32"
-    max_token_id: int  # measured when packed, so sizing a part needs no decompression
+    max_token_id: int  # measured when made, so sizing a part needs no ids
+    raw_ids: np.ndarray | None = None  # token ids of the documents, concatenated
+    packed_ids: bytes | None = None
+    spilled: "SpilledBytes | None" = None  # noqa: F821 (transforms.spill.SpilledBytes)
 
     @classmethod
     def of(cls, order_hashes, salts, offsets, lengths, ids: np.ndarray) -> "ShardPart":
         ids = np.ascontiguousarray(ids)
-        return cls(order_hashes, salts, offsets, lengths, _SHUFFLE_CODEC.encode(ids), ids.dtype.name,
-                   int(ids.max()) if ids.size else -1)
+        return cls(order_hashes, salts, offsets, lengths, ids.dtype.name, int(ids.max()) if ids.size else -1,
+                   raw_ids=ids)
 
     def ids(self) -> np.ndarray:
-        return np.frombuffer(_SHUFFLE_CODEC.decode(self.packed_ids), dtype=self.ids_dtype)
+        if self.raw_ids is not None:
+            return self.raw_ids
+        if self.packed_ids is not None:
+            return np.frombuffer(_SHUFFLE_CODEC.decode(self.packed_ids), dtype=self.ids_dtype)
+        return np.frombuffer(self.spilled.read(), dtype=self.ids_dtype)
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        if state["raw_ids"] is not None:
+            state["packed_ids"], state["raw_ids"] = _SHUFFLE_CODEC.encode(state["raw_ids"]), None
+        return state
 
 
 @dataclass

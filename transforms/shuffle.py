@@ -13,6 +13,7 @@ import numpy as np
 
 from transforms import mixture
 from transforms import shuffle_keys as keys
+from transforms import spill
 from transforms.inputs import input_index
 from transforms.records import DistinctBatch, ShardPart, ShardSize, SortedShard, TokenizedBatch, encode_start_bits
 
@@ -192,6 +193,35 @@ def sort_shard(keyed_parts) -> SortedShard:
     return SortedShard(split, shard, sorted_lengths, encode_start_bits(ids, sorted_lengths))
 
 
+class KeyByShard(beam.DoFn):
+    """TokenizedBatch (or DistinctBatch) -> ((split, shard), ShardPart) for each shard its
+    documents (or, with a mixture's `sampling` side input, their copies) hit. With a spill
+    directory (local runners) the parts' ids go to disk and only references to them travel
+    on (transforms/spill.py)."""
+
+    def __init__(self, seed: int, validation_fraction: float, num_shards: dict[str, int],
+                 spill_dir: str | None = None):
+        self._seed = seed
+        self._validation_fraction = validation_fraction
+        self._num_shards = num_shards
+        self._spill_dir = spill_dir
+
+    def process(self, batch, sampling=None, source_of_input=None):
+        parts = list(split_and_shard(batch, self._seed, self._validation_fraction, self._num_shards,
+                                     sampling, source_of_input))
+        if self._spill_dir and parts:
+            parts = spill.spill_parts(self._spill_dir, *batch_identity(batch), parts)
+        yield from parts
+
+
+def batch_identity(batch) -> tuple[str, int]:
+    """What names a batch's spill file: its input and first document's offset, or for a
+    DistinctBatch (whose texts are all different) its first content digest."""
+    if isinstance(batch, DistinctBatch):
+        return f"distinct-{int(batch.digests[0, 0]):016x}{int(batch.digests[0, 1]):016x}", 0
+    return batch.file_key, int(batch.offsets[0])
+
+
 class ShuffleGlobally(beam.PTransform):
     """TokenizedBatches (or DistinctBatches) -> (SortedShards, ShardSizes). Each split's
     shards, concatenated in shard order, are that split's documents in a seeded uniformly
@@ -199,16 +229,17 @@ class ShuffleGlobally(beam.PTransform):
     says how many copies of each train document to make."""
 
     def __init__(self, seed: int, validation_fraction: float, num_shards: dict[str, int],
-                 sampling=None, source_of_input: list[int] | None = None):
+                 sampling=None, source_of_input: list[int] | None = None, spill_dir: str | None = None):
         super().__init__()
         self._seed = seed
         self._validation_fraction = validation_fraction
         self._num_shards = num_shards
         self._mixing = {} if sampling is None else {"sampling": sampling, "source_of_input": source_of_input}
+        self._spill_dir = spill_dir
 
     def expand(self, batches):
-        parts = batches | "KeyByShard" >> beam.FlatMap(
-            split_and_shard, self._seed, self._validation_fraction, self._num_shards, **self._mixing,
+        parts = batches | "KeyByShard" >> beam.ParDo(KeyByShard(
+            self._seed, self._validation_fraction, self._num_shards, self._spill_dir), **self._mixing,
         ).with_output_types(tuple[tuple[str, int], ShardPart])
         sizes = parts | "MeasureParts" >> beam.Map(size_of)
         shards = (

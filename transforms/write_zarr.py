@@ -12,6 +12,9 @@ chunks are read-modify-written, so sharing one would silently lose data.
 Every write puts the same bytes at the same place whenever it runs, so Beam may retry
 any bundle. Each write reports how many chunks it wrote; the commit checks the total.
 """
+import os
+from concurrent.futures import ThreadPoolExecutor
+
 import apache_beam as beam
 import numpy as np
 
@@ -74,26 +77,36 @@ class CreateOutput(beam.DoFn):
 
 
 class _ArrayCache:
-    """Opens each output array once per worker; arrays are opened lazily because side
-    inputs (which prove the arrays exist) are not available in DoFn.setup()."""
+    """Opens each output array's writer once per worker; arrays are opened lazily because
+    side inputs (which prove the arrays exist) are not available in DoFn.setup(). Writers
+    share one thread pool, which encodes and stores chunks in parallel."""
 
     def __init__(self, target: StoreTarget):
         self._target = target
-        self._arrays = {}
+        self._writers = {}
+        self._pool = None
 
     def get(self, split: str, name: str):
-        if (split, name) not in self._arrays:
-            self._arrays[split, name] = store.open_array(self._target, split, name)
-        return self._arrays[split, name]
+        if (split, name) not in self._writers:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max(4, os.cpu_count() or 1), thread_name_prefix="flat-tokens-write")
+            self._writers[split, name] = store.array_writer(self._target, split, name, self._pool)
+        return self._writers[split, name]
+
+    def close(self):
+        if self._pool is not None:
+            self._pool.shutdown()
+        self._pool = None
+        self._writers = {}
 
 
-def write_region(array, start: int, values: np.ndarray, block: int, length: int, split: str, name: str):
+def write_region(writer, start: int, values: np.ndarray, block: int, length: int, split: str, name: str):
     """Writes the whole blocks of [start, start+len(values)) this writer owns; yields the
     rest as fragments (key, (start, values)) for the merge step, and receipts."""
     region = plan.plan_region(start, start + values.size, block, length)
     if region.direct:
         a, b = region.direct
-        array[a:b] = values[a - start:b - start]
+        writer.write(a, values[a - start:b - start])
         yield "receipt", (split, name, plan.block_count(b, block) - a // block)
     for index, a, b in region.fragments:
         yield "fragment", ((split, name, index), (a, values[a - start:b - start]))
@@ -111,6 +124,10 @@ class WriteOwnedChunks(beam.DoFn):
 
     def setup(self):
         self._arrays = _ArrayCache(self._target)
+
+    def teardown(self):
+        if self._arrays:
+            self._arrays.close()
 
     def process(self, shard: SortedShard, layout, ready):
         split = layout[shard.split]
@@ -169,8 +186,12 @@ class WriteSharedChunks(beam.DoFn):
             raise RuntimeError(f"{split}/{name} chunk {index}: pieces cover [{a}, {position}), expected [{a}, {b})")
         t = self._target
         with ownership.fenced(t.url, t.run_id, f"{split}/{name} chunk {index}", t.storage_options):
-            self._arrays.get(split, name)[a:b] = np.concatenate([v for _, v in fragments])
+            self._arrays.get(split, name).write(a, np.concatenate([v for _, v in fragments]))
         yield split, name, 1
+
+    def teardown(self):
+        if self._arrays:
+            self._arrays.close()
 
 
 class WriteFlatTokens(beam.PTransform):
@@ -191,7 +212,7 @@ class WriteFlatTokens(beam.PTransform):
             WriteOwnedChunks(self._target), layout, ready).with_outputs(WriteOwnedChunks.FRAGMENTS, main="receipts")
         markers = (
             shards.pipeline
-            | "Once" >> beam.Create([None], reshuffle=False)
+            | "Once" >> beam.Impulse()
             | "WriteEndMarkers" >> beam.ParDo(WriteEndMarkers(self._target), layout, ready)
             .with_outputs(WriteOwnedChunks.FRAGMENTS, main="receipts"))
         shared = (
@@ -203,5 +224,5 @@ class WriteFlatTokens(beam.PTransform):
             (owned.receipts, markers.receipts, shared)
             | "GatherReceipts" >> beam.Flatten()
             | "KeyReceipts" >> beam.Map(lambda receipt: {receipt[:2]: receipt[2]})
-            | "CountChunks" >> beam.CombineGlobally(SumCounts())
+            | "CountChunks" >> beam.CombineGlobally(SumCounts()).without_defaults()  # never empty: end markers
         )

@@ -13,6 +13,7 @@ import posixpath
 from dataclasses import dataclass, field
 
 import numcodecs
+import numpy as np
 import zarr
 from fsspec.core import url_to_fs
 
@@ -168,7 +169,69 @@ def create_split(target: StoreTarget, split: str, tokens: int, sequences: int) -
 
 def open_array(target: StoreTarget, split: str, name: str):
     store = make_store(child_url(target.url, split), target.storage_options)
-    return zarr.open_array(store=store, path=name, mode="r+", zarr_format=target.zarr_format)
+    # Every chunk is written, even all-zero ones (the commit counts written chunks); zarr
+    # does not store this setting, so it is given again on each open.
+    return zarr.open_array(store=store, path=name, mode="r+", zarr_format=target.zarr_format,
+                           config={"write_empty_chunks": True})
+
+
+class ChunkWriter:
+    """Writes whole chunks of one zarr v2 array straight to storage: each chunk is encoded
+    with the array's own compressor and stored under the array's own key, chunks in
+    parallel on a thread pool. The bytes are those zarr would write (a test compares them),
+    without zarr's per-chunk path (selection, merge, emptiness check, event loop), which
+    measured about a third of the cost of writing. Encoding a chunk depends only on its
+    values, so a retried write stores the same bytes."""
+
+    def __init__(self, target: StoreTarget, split: str, name: str, pool):
+        array = open_array(target, split, name)
+        meta = array.metadata
+        if target.zarr_format != 2 or meta.filters or meta.order != "C" or len(meta.shape) != 1:
+            raise ValueError(f"{split}/{name}: not a plain 1-D zarr v2 array")
+        self._fs, root = filesystem(child_url(target.url, split), target.storage_options)
+        self._prefix = posixpath.join(root, name)
+        self._meta = meta
+        self._dtype = meta.dtype.to_native_dtype()
+        self._chunk = meta.chunks[0]
+        self._length = meta.shape[0]
+        self._compressor = meta.compressor
+        self._pool = pool
+
+    def write(self, start: int, values: np.ndarray) -> None:
+        """Writes `values` at [start, start + len(values)): whole chunks, or the array's last
+        chunk up to the array's end."""
+        stop = start + values.size
+        if start % self._chunk or (stop % self._chunk and stop != self._length):
+            raise ValueError(f"[{start}, {stop}) is not made of whole chunks of {self._chunk}")
+        first, last = start // self._chunk, -(-stop // self._chunk)
+        list(self._pool.map(lambda i: self._write_chunk(i, values[i * self._chunk - start:
+                                                                   (i + 1) * self._chunk - start]),
+                            range(first, last)))
+
+    def _write_chunk(self, index: int, values: np.ndarray) -> None:
+        data = np.ascontiguousarray(values, dtype=self._dtype)
+        if data.size < self._chunk:  # zarr v2 stores the last chunk at full size, padded with the fill value
+            fill = 0 if self._meta.fill_value is None else self._meta.fill_value
+            data = np.concatenate([data, np.full(self._chunk - data.size, fill, self._dtype)])
+        encoded = self._compressor.encode(data) if self._compressor is not None else data.tobytes()
+        self._fs.pipe_file(posixpath.join(self._prefix, self._meta.encode_chunk_key((index,))), bytes(encoded))
+
+
+class ZarrWriter:
+    """Writes through zarr's own array[a:b] = ... (zarr v3: sharding and its codec pipeline)."""
+
+    def __init__(self, target: StoreTarget, split: str, name: str):
+        self._array = open_array(target, split, name)
+
+    def write(self, start: int, values: np.ndarray) -> None:
+        self._array[start:start + values.size] = values
+
+
+def array_writer(target: StoreTarget, split: str, name: str, pool):
+    """The fastest writer of whole write blocks for one output array."""
+    if target.zarr_format == 2:
+        return ChunkWriter(target, split, name, pool)
+    return ZarrWriter(target, split, name)
 
 
 def commit(target: StoreTarget, root_attributes: dict, split_attributes: dict[str, dict]) -> None:

@@ -1,0 +1,96 @@
+"""Shard parts' ids spilled to local disk on local runners (transforms/spill.py)."""
+import hashlib
+import os
+import re
+
+import numpy as np
+import pytest
+
+from tests.helpers import run_pipeline, write_jsonl
+from transforms import spill
+from transforms.records import TokenizedBatch
+from transforms.shuffle import KeyByShard, sort_shard, split_and_shard
+
+NUM_SHARDS = {"train": 3, "validation": 2}
+
+
+def a_batch(seed=0, documents=300):
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, 400, documents)
+    offsets = np.cumsum(rng.integers(10, 5000, documents)).astype(np.uint64)
+    ids = rng.integers(0, 50_000, int(lengths.sum())).astype(np.uint16)
+    return TokenizedBatch("0:docs/a.jsonl", "auto", offsets, lengths, ids, 0)
+
+
+def files_of(directory):
+    return {name: hashlib.sha256((directory / name).read_bytes()).hexdigest() for name in os.listdir(directory)}
+
+
+def test_spilled_parts_hold_the_same_documents_and_a_retry_writes_the_same_file(tmp_path):
+    batch = a_batch()
+    in_band = list(split_and_shard(batch, 7, 0.2, NUM_SHARDS))
+    fn = KeyByShard(7, 0.2, NUM_SHARDS, str(tmp_path))
+    spilled = list(fn.process(batch))
+    first = files_of(tmp_path)
+    assert len(first) == 1, "one file per batch, whatever the number of shards it hits"
+    assert len(spilled) == len(in_band) > 1
+    for (key, part), (key_in_band, part_in_band) in zip(spilled, in_band):
+        assert key == key_in_band and part.raw_ids is None and part.packed_ids is None and part.spilled
+        assert np.array_equal(part.ids(), part_in_band.ids()) and part.ids().dtype == part_in_band.ids().dtype
+        assert np.array_equal(part.offsets, part_in_band.offsets)
+    assert list(fn.process(batch))[0][1].spilled == spilled[0][1].spilled  # a retried bundle: same place
+    assert files_of(tmp_path) == first, "a retry rewrites the same bytes under the same name, and leaves no temporary"
+
+
+def test_a_shard_sorts_the_same_from_spilled_and_in_band_parts(tmp_path):
+    batches = [a_batch(seed, 200) for seed in range(3)]
+    batches = [TokenizedBatch(f"{i}:f{i}.jsonl", b.split, b.offsets, b.lengths, b.ids, 0) for i, b in enumerate(batches)]
+    fn = KeyByShard(1, 0.0, NUM_SHARDS, str(tmp_path))
+    spilled = [kp for b in batches for kp in fn.process(b) if kp[0] == ("train", 1)]
+    in_band = [kp for b in batches for kp in split_and_shard(b, 1, 0.0, NUM_SHARDS) if kp[0] == ("train", 1)]
+    a = sort_shard((("train", 1), [p for _, p in spilled]))
+    b = sort_shard((("train", 1), [p for _, p in in_band]))
+    assert np.array_equal(a.tokens, b.tokens) and np.array_equal(a.lengths, b.lengths)
+    assert len(os.listdir(tmp_path)) == 3
+
+
+def test_a_spilled_part_whose_file_is_gone_fails_with_its_path(tmp_path):
+    (_, part), *_ = KeyByShard(0, 0.0, NUM_SHARDS, str(tmp_path)).process(a_batch())
+    os.remove(part.spilled.path)
+    with pytest.raises(FileNotFoundError, match=os.path.basename(part.spilled.path)):
+        part.ids()
+    with open(part.spilled.path, "wb") as f:
+        f.write(b"short")
+    with pytest.raises(RuntimeError, match="expected .* bytes"):
+        part.ids()
+
+
+def test_only_spill_directories_are_removed(tmp_path):
+    mine = spill.make_directory("run1", str(tmp_path))
+    other = tmp_path / "data"
+    other.mkdir()
+    with pytest.raises(ValueError, match="not a shuffle spill directory"):
+        spill.remove_directory(str(other))
+    spill.remove_directory(mine)
+    assert not os.path.exists(mine) and other.is_dir()
+
+
+@pytest.mark.parametrize("outcome", ["success", "failure"])
+def test_a_local_run_removes_its_spill_directory_and_nothing_else(tmp_path, outcome):
+    """The run's spill directory lives under --temp_location (a local path) and is gone after
+    the run, whether it succeeded or failed; what was there before stays."""
+    temp = tmp_path / "temp"
+    (temp / f"{spill.PREFIX}someone-else").mkdir(parents=True)
+    (temp / f"{spill.PREFIX}someone-else" / "x.ids").write_bytes(b"not ours")
+    texts = [f"document {i} " * (i % 7 + 1) for i in range(500)]
+    path = write_jsonl(tmp_path / "in.jsonl", texts)
+    if outcome == "failure":
+        with open(path, "a") as f:
+            f.write("{not json\n")
+    proc = run_pipeline("--input", path, "--tokenizer", "bytes", "--output", tmp_path / "o.zarr",
+                        "--temp_location", temp, "--max_rejected_fraction", "0", "--verbose", check=False)
+    assert proc.returncode == (0 if outcome == "success" else 1), proc.stderr[-3000:]
+    used = re.search(r"shard parts wait for the sort in (\S+)", proc.stderr).group(1)
+    assert os.path.dirname(used) == str(temp) and os.path.basename(used).startswith(spill.PREFIX)
+    assert sorted(os.listdir(temp)) == [f"{spill.PREFIX}someone-else"]
+    assert (temp / f"{spill.PREFIX}someone-else" / "x.ids").read_bytes() == b"not ours"
