@@ -33,12 +33,27 @@ def log() -> logging.Logger:
     return logging.getLogger(LOGGER)
 
 
+def _observed() -> bool:
+    """Whether a profiler or tracer (cProfile, coverage, a debugger) is watching this process."""
+    if sys.getprofile() is not None or sys.gettrace() is not None:
+        return True
+    # From Python 3.12 cProfile and coverage may watch through sys.monitoring instead.
+    monitoring = getattr(sys, "monitoring", None)
+    return monitoring is not None and any(
+        monitoring.get_tool(tool) is not None for tool in (monitoring.PROFILER_ID, monitoring.COVERAGE_ID))
+
+
 def exit_process(code: int) -> None:
     """Ends a command-line process once its output is flushed, without the interpreter's
     teardown: freeing the tokenizers, a last garbage collection over Beam's objects and
     module cleanup measured 0.3 s of CPU at the end of every run, and do nothing the
     operating system does not do when the process ends. Files are closed by then (the
-    commands write through `with` blocks); only the console script and `python -m` use it."""
+    commands write through `with` blocks); only the console script and `python -m` use it.
+
+    A profiler or coverage tracer writes its data during that teardown, so under one the
+    process exits the ordinary way."""
+    if _observed():
+        sys.exit(code)
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
