@@ -5,6 +5,7 @@ import signal
 import sys
 
 from pipeline import VERSION, logs  # noqa: F401 (logs before apache_beam: it filters Beam's import-time noise)
+from pipeline import prefetch
 
 COMMANDS = {
     "run": ("pipeline.run", "turn a JSONL corpus into a shuffled, tokenized flat-tokens dataset"),
@@ -48,6 +49,8 @@ def main(argv=None) -> int:
     if argv[0] not in COMMANDS:
         print(f"flat-tokens: error: unknown command {argv[0]!r}\n\n{usage()}", file=sys.stderr)
         return 2
+    if argv[0] == "run":
+        prefetch.tokenizer_from_argv(argv[1:])  # loads while the run's modules are imported
     module = importlib.import_module(COMMANDS[argv[0]][0])
     return module.main(argv[1:])
 

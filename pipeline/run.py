@@ -14,7 +14,12 @@ import tempfile
 import time
 
 from pipeline import logs  # noqa: I001 (before apache_beam: it filters Beam's import-time noise)
-import apache_beam as beam
+from pipeline import prefetch
+
+if __name__ == "__main__":
+    prefetch.tokenizer_from_argv(sys.argv[1:])  # loads while Beam is imported below
+
+import apache_beam as beam  # noqa: E402
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions, StandardOptions
 from fsspec.core import url_to_fs
 

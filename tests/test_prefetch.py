@@ -1,0 +1,56 @@
+"""The launcher's head start: the tokenizer loads on a thread while Beam is imported."""
+import hashlib
+import threading
+import time
+
+import pytest
+
+from pipeline import prefetch
+from tests.helpers import SAMPLE
+from transforms import tokenizer_backends as backends
+
+
+def test_the_last_tokenizer_flag_is_the_one_prefetched(tmp_path):
+    argv = ["--input", "x", "--tokenizer", "a.json", "--tokenizer_backend=hf", "--tokenizer=b.json"]
+    assert prefetch._last_value(argv, "--tokenizer") == "b.json"
+    assert prefetch._last_value(argv, "--tokenizer_backend") == "hf"
+    assert prefetch._last_value(["--tokenizer"], "--tokenizer") is None
+    assert prefetch.tokenizer_from_argv(["--tokenizer", "bytes"]) is None  # not a file: nothing to load
+    assert prefetch.tokenizer_from_argv(["--tokenizer", str(tmp_path / "missing.json")]) is None
+
+
+def test_a_prefetched_tokenizer_is_the_one_the_run_gets():
+    text = (SAMPLE / "tokenizer.json").read_text(encoding="utf-8")
+    thread = prefetch.tokenizer_from_argv(["--tokenizer", str(SAMPLE / "tokenizer.json"), "--tokenizer_backend", "hf"])
+    thread.join(60)
+    loaded = backends.hf_tokenizer(text)
+    assert backends.hf_tokenizer(text) is loaded
+    ids, lengths = backends.make_encoder(backends.HF, text)(["hello world"])
+    assert lengths.tolist() == [len(loaded.encode("hello world", add_special_tokens=False).ids)]
+
+
+def test_a_prefetch_of_a_broken_tokenizer_leaves_the_error_to_the_run():
+    thread = backends.prefetch("{not a tokenizer", backends.AUTO)
+    thread.join(60)
+    assert not thread.is_alive()
+    with pytest.raises(Exception):  # tokenizers' own exception type, raised to the run as before
+        backends.hf_tokenizer("{not a tokenizer")
+    assert not any(key[1] == hashlib.sha256(b"{not a tokenizer").hexdigest() for key in backends._ENCODERS)
+
+
+def test_concurrent_requests_build_a_tokenizer_once():
+    builds = []
+
+    def slow_build():
+        builds.append(1)
+        time.sleep(0.2)
+        return object()
+
+    key = ("test", "concurrent")
+    got = []
+    threads = [threading.Thread(target=lambda: got.append(backends._cached(key, slow_build))) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(builds) == 1 and len(got) == 4 and all(g is got[0] for g in got)
