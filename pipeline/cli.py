@@ -1,4 +1,5 @@
 """The `flat-tokens` console script: `flat-tokens run|verify|inspect ...`."""
+import gc
 import importlib
 import os
 import signal
@@ -51,6 +52,7 @@ def main(argv=None) -> int:
         return 2
     if argv[0] == "run":
         prefetch.tokenizer_from_argv(argv[1:])  # loads while the run's modules are imported
+        gc.disable()  # until the graph is built (pipeline.run._run)
     module = importlib.import_module(COMMANDS[argv[0]][0])
     return module.main(argv[1:])
 
