@@ -101,7 +101,8 @@ class SortedShard:
 def encode_start_bits(ids: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """The flat-tokens encoding of concatenated sequences: 2*id, plus 1 on each sequence's
     first token. Lengths must be > 0."""
-    tokens = ids.astype(np.uint32) << np.uint32(1)
+    tokens = ids.astype(np.uint32)  # a copy, shifted in place: no second array
+    tokens <<= np.uint32(1)
     tokens[np.cumsum(lengths) - lengths] |= np.uint32(1)
     return tokens
 
