@@ -27,7 +27,7 @@ from fsspec.core import url_to_fs
 
 from pipeline import VERSION, allocator
 from pipeline.graph import build_pipeline, plan_job
-from pipeline.options import FlatTokensOptions, OptionError, check_options, help_text, unknown_options
+from pipeline.options import FlatTokensOptions, OptionError, ViewsMadeOnce, check_options, help_text, unknown_options
 from transforms import spill, zarr_store
 from transforms.inputs import InputError
 from transforms.mixture import source_table
@@ -162,7 +162,7 @@ def main(argv=None) -> int:
     if "--version" in argv:
         print(VERSION)
         return 0
-    options = PipelineOptions(argv)
+    options = ViewsMadeOnce(argv)
     ft = options.view_as(FlatTokensOptions)
     logs.configure("verbose" if ft.verbose else "quiet" if ft.quiet else "info")
     try:
