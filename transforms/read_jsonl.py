@@ -4,9 +4,9 @@ from collections import Counter
 from dataclasses import dataclass
 
 import apache_beam as beam
-import numpy as np
 
 from transforms import jsonl
+from transforms.document_batches import DocumentBatcher
 from transforms.inputs import (COMPRESSED_DATA_ERRORS, InputError, ReadRange, corrupt_input_message,
                               open_input)
 from transforms.progress import ProgressFile
@@ -103,19 +103,15 @@ class ReadRangeFn(beam.DoFn):
     def process(self, rng: ReadRange):
         counts = Counter()
         lacking = jsonl.KeyCensus()
-        offsets, texts = [], []
-        text_bytes = unreported_bytes = 0
+        documents = DocumentBatcher(rng.file.key, rng.file.split, self._batch_bytes, self._batch_documents)
+        unreported_bytes = 0
 
         def batch():
-            nonlocal text_bytes, unreported_bytes
-            counts["documents"] += len(texts)
-            self._progress.add(documents=len(texts), bytes=unreported_bytes)
+            nonlocal unreported_bytes
+            counts["documents"] += len(documents)
+            self._progress.add(documents=len(documents), bytes=unreported_bytes)
             unreported_bytes = 0
-            done = DocumentBatch(rng.file.key, rng.file.split, np.array(offsets, dtype=np.uint64), texts[:])
-            offsets.clear()
-            texts.clear()
-            text_bytes = 0
-            return done
+            return documents.take()
 
         text_key = rng.file.text_key or self._text_key
         reached = rng.start  # the uncompressed offset after the last whole line: named if the file breaks
@@ -130,10 +126,7 @@ class ReadRangeFn(beam.DoFn):
                         unreported_bytes = 0
                     text, reason = jsonl.parse_line(raw, text_key)
                     if text is not None:
-                        offsets.append(offset)
-                        texts.append(text)
-                        text_bytes += len(text)
-                        if text_bytes >= self._batch_bytes or len(texts) >= self._batch_documents:
+                        if documents.add(offset, text):
                             yield batch()
                     elif reason is None:
                         counts["blank"] += 1
@@ -151,7 +144,7 @@ class ReadRangeFn(beam.DoFn):
             if not rng.file.compression:
                 raise
             raise CorruptInput(corrupt_input_message(rng.file, reached, counts["lines"], e)) from None
-        if texts:
+        if documents:
             yield batch()
         self._progress.add(bytes=unreported_bytes)
         self._progress.flush()  # a finished range shows in full now, not when the workers stop

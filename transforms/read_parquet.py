@@ -7,9 +7,9 @@ flattened into one corpus: a row counts as a line, and a Parquet file has no bla
 from collections import Counter
 
 import apache_beam as beam
-import numpy as np
 
 from transforms import parquet
+from transforms.document_batches import DocumentBatcher
 from transforms.parquet import RowGroup, open_parquet
 from transforms.progress import ProgressFile
 from transforms.read_jsonl import COUNTS, LINE_COUNTS, REJECTED
@@ -38,8 +38,8 @@ class ReadRowGroupFn(beam.DoFn):
 
     def process(self, group: RowGroup):
         counts = Counter()
-        rows, texts = [], []
-        text_bytes = reported_bytes = 0
+        documents = DocumentBatcher(group.file.key, group.file.split, self._batch_bytes, self._batch_documents)
+        reported_bytes = 0
 
         def report_progress(documents: int):
             # In the group's uncompressed text bytes, in proportion to the rows read.
@@ -49,24 +49,16 @@ class ReadRowGroupFn(beam.DoFn):
             reported_bytes = read_bytes
 
         def batch():
-            nonlocal text_bytes
-            counts["documents"] += len(texts)
-            report_progress(len(texts))
-            done = DocumentBatch(group.file.key, group.file.split, np.array(rows, dtype=np.uint64), texts[:])
-            rows.clear()
-            texts.clear()
-            text_bytes = 0
-            return done
+            counts["documents"] += len(documents)
+            report_progress(len(documents))
+            return documents.take()
 
         with open_parquet(group.file, self._storage_options) as pf:
             for row, value in parquet.iter_rows(pf, group):
                 counts["lines"] += 1
                 text, reason = parquet.text_of(value)
                 if text is not None:
-                    rows.append(row)
-                    texts.append(text)
-                    text_bytes += len(text)
-                    if text_bytes >= self._batch_bytes or len(texts) >= self._batch_documents:
+                    if documents.add(row, text):
                         yield batch()
                 else:
                     counts["rejected"] += 1
@@ -76,7 +68,7 @@ class ReadRowGroupFn(beam.DoFn):
                         "row_group": group.index, "row": row, "row_in_group": row - group.first_row,
                         "offset": row, "reason": reason, "excerpt": parquet.excerpt(value),
                     })
-        if texts:
+        if documents:
             yield batch()
         report_progress(0)
         yield beam.pvalue.TaggedOutput(COUNTS, counts)
