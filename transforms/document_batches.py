@@ -1,7 +1,9 @@
 """Gathering the documents of one input unit (a JSONL byte range, a Parquet row group)
 into DocumentBatches: what both readers do between parsing a document and emitting it."""
+import apache_beam as beam
 import numpy as np
 
+from transforms.progress import ProgressFile
 from transforms.records import DocumentBatch
 
 
@@ -36,3 +38,27 @@ class DocumentBatcher:
         batch = DocumentBatch(self._file_key, self._split, np.array(self._places, dtype=np.uint64), self._texts)
         self._places, self._texts, self._text_bytes = [], [], 0
         return batch
+
+
+class ReadIntoBatchesFn(beam.DoFn):
+    """What the readers' DoFns share: the batch limits, the storage options, and a progress
+    file opened in setup() and flushed in teardown()."""
+
+    def __init__(self, batch_bytes: int, batch_documents: int, storage_options: dict | None,
+                 progress_dir: str | None = None):
+        self._batch_bytes = batch_bytes
+        self._batch_documents = batch_documents
+        self._storage_options = storage_options
+        self._progress_dir = progress_dir
+        self._progress = None
+
+    def setup(self):
+        self._progress = ProgressFile(self._progress_dir)
+
+    def teardown(self):
+        if self._progress:
+            self._progress.flush()
+
+    def batcher(self, file) -> DocumentBatcher:
+        """A batcher for the documents of one input unit of `file` (an InputFile)."""
+        return DocumentBatcher(file.key, file.split, self._batch_bytes, self._batch_documents)

@@ -6,10 +6,9 @@ from dataclasses import dataclass
 import apache_beam as beam
 
 from transforms import jsonl
-from transforms.document_batches import DocumentBatcher
+from transforms.document_batches import ReadIntoBatchesFn
 from transforms.inputs import (COMPRESSED_DATA_ERRORS, InputError, ReadRange, corrupt_input_message,
                               open_input)
-from transforms.progress import ProgressFile
 from transforms.records import DocumentBatch
 
 REJECTED = "rejected"
@@ -79,31 +78,20 @@ class CorruptInput(RuntimeError):
     """A compressed input file ends early or is corrupt; the message names it."""
 
 
-class ReadRangeFn(beam.DoFn):
+class ReadRangeFn(ReadIntoBatchesFn):
     """Reads one ReadRange. Main output: DocumentBatch. Tagged outputs:
     `rejected` (one dict per rejected line), `line_counts` ((file key, range start, lines))
     so rejected lines get 1-based line numbers later, and `counts` (a Counter per range)."""
 
     def __init__(self, text_key: str, batch_bytes: int, batch_documents: int, storage_options: dict | None,
                  progress_dir: str | None = None):
+        super().__init__(batch_bytes, batch_documents, storage_options, progress_dir)
         self._text_key = text_key
-        self._batch_bytes = batch_bytes
-        self._batch_documents = batch_documents
-        self._storage_options = storage_options
-        self._progress_dir = progress_dir
-        self._progress = None
-
-    def setup(self):
-        self._progress = ProgressFile(self._progress_dir)
-
-    def teardown(self):
-        if self._progress:
-            self._progress.flush()
 
     def process(self, rng: ReadRange):
         counts = Counter()
         lacking = jsonl.KeyCensus()
-        documents = DocumentBatcher(rng.file.key, rng.file.split, self._batch_bytes, self._batch_documents)
+        documents = self.batcher(rng.file)
         unreported_bytes = 0
 
         def batch():

@@ -9,36 +9,20 @@ from collections import Counter
 import apache_beam as beam
 
 from transforms import parquet
-from transforms.document_batches import DocumentBatcher
+from transforms.document_batches import ReadIntoBatchesFn
 from transforms.parquet import RowGroup, open_parquet
-from transforms.progress import ProgressFile
 from transforms.read_jsonl import COUNTS, LINE_COUNTS, REJECTED
 from transforms.records import DocumentBatch
 
 
-class ReadRowGroupFn(beam.DoFn):
+class ReadRowGroupFn(ReadIntoBatchesFn):
     """Reads one RowGroup. Main output: DocumentBatch (offsets are row indices in the file).
     Tagged outputs: `rejected` (one dict per rejected row) and `counts` (a Counter per
     group). Nothing goes to `line_counts`: a row's index is known without the other groups."""
 
-    def __init__(self, batch_bytes: int, batch_documents: int, storage_options: dict | None,
-                 progress_dir: str | None = None):
-        self._batch_bytes = batch_bytes
-        self._batch_documents = batch_documents
-        self._storage_options = storage_options
-        self._progress_dir = progress_dir
-        self._progress = None
-
-    def setup(self):
-        self._progress = ProgressFile(self._progress_dir)
-
-    def teardown(self):
-        if self._progress:
-            self._progress.flush()
-
     def process(self, group: RowGroup):
         counts = Counter()
-        documents = DocumentBatcher(group.file.key, group.file.split, self._batch_bytes, self._batch_documents)
+        documents = self.batcher(group.file)
         reported_bytes = 0
 
         def report_progress(documents: int):
