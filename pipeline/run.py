@@ -209,11 +209,12 @@ def _run(options, plan, ft) -> int | None:
     """Runs the pipeline; None when it finished, else the exit code."""
     pipeline = beam.Pipeline(runner=in_process_runner(options), options=options)
     build_pipeline(pipeline, plan)
-    # Imports and the graph leave ~120k long-lived objects, which every full garbage
-    # collection would traverse again; the command line starts with the collector off
-    # (above), and from here it looks at new objects only.
-    gc.freeze()
-    gc.enable()
+    if not gc.isenabled():
+        # The command line (only it: a caller's process is not ours to change) starts with
+        # the collector off. Imports and the graph leave ~120k long-lived objects, which every
+        # full collection would traverse again; from here it looks at new objects only.
+        gc.freeze()
+        gc.enable()
     progress = None
     if plan.progress_dir:
         progress = ProgressLogger(plan.progress_dir, plan.input_bytes, logs.log().info, ft.progress_interval)
