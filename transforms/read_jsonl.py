@@ -91,15 +91,15 @@ class ReadRangeFn(ReadIntoBatchesFn):
     def process(self, rng: ReadRange):
         counts = Counter()
         lacking = jsonl.KeyCensus()
-        documents = self.batcher(rng.file)
+        batcher = self.batcher(rng.file)
         unreported_bytes = 0
 
         def batch():
             nonlocal unreported_bytes
-            counts["documents"] += len(documents)
-            self._progress.add(documents=len(documents), bytes=unreported_bytes)
+            counts["documents"] += len(batcher)
+            self._progress.add(documents=len(batcher), bytes=unreported_bytes)
             unreported_bytes = 0
-            return documents.take()
+            return batcher.take()
 
         text_key = rng.file.text_key or self._text_key
         reached = rng.start  # the uncompressed offset after the last whole line: named if the file breaks
@@ -114,7 +114,7 @@ class ReadRangeFn(ReadIntoBatchesFn):
                         unreported_bytes = 0
                     text, reason = jsonl.parse_line(raw, text_key)
                     if text is not None:
-                        if documents.add(offset, text):
+                        if batcher.add(offset, text):
                             yield batch()
                     elif reason is None:
                         counts["blank"] += 1
@@ -132,7 +132,7 @@ class ReadRangeFn(ReadIntoBatchesFn):
             if not rng.file.compression:
                 raise
             raise CorruptInput(corrupt_input_message(rng.file, reached, counts["lines"], e)) from None
-        if documents:
+        if batcher:
             yield batch()
         self._progress.add(bytes=unreported_bytes)
         self._progress.flush()  # a finished range shows in full now, not when the workers stop

@@ -22,7 +22,7 @@ class ReadRowGroupFn(ReadIntoBatchesFn):
 
     def process(self, group: RowGroup):
         counts = Counter()
-        documents = self.batcher(group.file)
+        batcher = self.batcher(group.file)
         reported_bytes = 0
 
         def report_progress(documents: int):
@@ -33,16 +33,16 @@ class ReadRowGroupFn(ReadIntoBatchesFn):
             reported_bytes = read_bytes
 
         def batch():
-            counts["documents"] += len(documents)
-            report_progress(len(documents))
-            return documents.take()
+            counts["documents"] += len(batcher)
+            report_progress(len(batcher))
+            return batcher.take()
 
         with open_parquet(group.file, self._storage_options) as pf:
             for row, value in parquet.iter_rows(pf, group):
                 counts["lines"] += 1
                 text, reason = parquet.text_of(value)
                 if text is not None:
-                    if documents.add(row, text):
+                    if batcher.add(row, text):
                         yield batch()
                 else:
                     counts["rejected"] += 1
@@ -52,7 +52,7 @@ class ReadRowGroupFn(ReadIntoBatchesFn):
                         "row_group": group.index, "row": row, "row_in_group": row - group.first_row,
                         "offset": row, "reason": reason, "excerpt": parquet.excerpt(value),
                     })
-        if documents:
+        if batcher:
             yield batch()
         report_progress(0)
         yield beam.pvalue.TaggedOutput(COUNTS, counts)
