@@ -42,11 +42,6 @@ def peek_input(files, count: int, text_key: str, storage_options: dict | None = 
     return peek
 
 
-def peek_documents(files, count: int, text_key: str, storage_options: dict | None = None) -> list[str]:
-    """The first `count` documents of the input, in file order."""
-    return peek_input(files, count, text_key, storage_options).texts
-
-
 class ReadCorpus(beam.PTransform):
     """Reads JSONL byte ranges and Parquet row groups in parallel into DocumentBatches."""
 

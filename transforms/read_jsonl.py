@@ -59,11 +59,6 @@ def peek_input(files, count: int, text_key: str, storage_options: dict | None = 
     return peek
 
 
-def peek_documents(files, count: int, text_key: str, storage_options: dict | None = None) -> list[str]:
-    """The first `count` documents of the input, in file order (for checks before the run)."""
-    return peek_input(files, count, text_key, storage_options).texts
-
-
 def check_text_key(peek: Peek, text_key: str) -> None:
     """Raises InputError when none of the first JSON objects has --text_key: the run would
     reject every line as missing_text_key. The message names the keys they do have."""

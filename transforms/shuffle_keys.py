@@ -67,13 +67,6 @@ def copy_hashes(first: np.ndarray, copy_index: np.ndarray) -> np.ndarray:
     return np.where(copy_index == 0, first, splitmix64(first ^ splitmix64(copy_index ^ _COPY)))
 
 
-def below_threshold(hashes: np.ndarray, threshold: int) -> np.ndarray:
-    """True where a hash is below an integer threshold in [0, 2**64]: probability threshold / 2**64."""
-    if threshold >= 2**64:
-        return np.ones(hashes.shape, bool)
-    return hashes < np.uint64(threshold)
-
-
 def below_fraction(hashes: np.ndarray, fraction: float) -> np.ndarray:
     """True where a hash lies below `fraction` of the hash range (e.g. documents for validation)."""
     if fraction <= 0:
