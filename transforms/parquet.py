@@ -13,13 +13,12 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from transforms.inputs import InputError, InputFile, open_input
+from transforms.inputs import PARQUET, InputError, InputFile, open_input
+from transforms.jsonl import INVALID_UTF8, TEXT_NOT_A_STRING
 
-# Reasons a row is rejected, besides jsonl.TEXT_NOT_A_STRING and jsonl.INVALID_UTF8 (which
-# mean the same for a row as for a line). JSONL's `{"text": null}` stays text_not_a_string.
+# Reasons a row is rejected: jsonl's TEXT_NOT_A_STRING and INVALID_UTF8 (which mean the same
+# for a row as for a line), and NULL_TEXT. JSONL's `{"text": null}` stays text_not_a_string.
 NULL_TEXT = "null_text"
-TEXT_NOT_A_STRING = "text_not_a_string"
-INVALID_UTF8 = "invalid_utf8"
 
 EXCERPT_CHARS = 200
 # Rows decoded at a time from a row group: bounds memory when row groups are large.
@@ -89,7 +88,7 @@ def row_groups_of(f: InputFile, column: str, storage_options: dict | None = None
 def list_row_groups(files: list[InputFile], text_key: str, storage_options: dict | None = None) -> list[RowGroup]:
     """The row groups of every Parquet file among `files`, in file order. Footers are read in
     parallel: on object stores each is a round trip."""
-    parquet_files = [f for f in files if f.format == "parquet"]
+    parquet_files = [f for f in files if f.format == PARQUET]
     if not parquet_files:
         return []
     workers = min(FOOTER_READERS, len(parquet_files), (os.cpu_count() or 1) * 4)
