@@ -24,7 +24,7 @@ from transforms import mixture
 from transforms import shuffle_keys as keys
 from transforms.inputs import input_index
 from transforms.records import DedupPart, DistinctBatch, TokenizedBatch, narrowest_ids
-from transforms.shuffle import SPLITS, gather_segments
+from transforms.shuffle import SPLITS, gather_segments, groups_of
 
 COUNTS = "counts"
 _AUTO = 2  # a vote that the content hash decides
@@ -43,13 +43,8 @@ def place_order(file_key: str) -> tuple[int, str]:
 def key_by_content(batch: TokenizedBatch, seed: int, num_shards: int):
     """Yields (shard, DedupPart) for each dedup shard that the batch's documents hit."""
     hashes = keys.content_hashes(keys.content_salt(seed, keys.ORDER), batch.digests)
-    shards = keys.shard_of(hashes, num_shards)
-    order = np.argsort(shards, kind="stable")
-    bounds = np.flatnonzero(np.diff(shards[order])) + 1
-    for members in np.split(order, bounds):
-        if members.size == 0:
-            continue
-        yield int(shards[members[0]]), DedupPart.of(
+    for shard, members in groups_of(keys.shard_of(hashes, num_shards)):
+        yield int(shard), DedupPart.of(
             batch.file_key, batch.split, batch.offsets[members], batch.digests[members], batch.lengths[members],
             gather_segments(batch.ids, batch.lengths, members))
 

@@ -47,6 +47,16 @@ def gather_segments(tokens: np.ndarray, lengths: np.ndarray, order: np.ndarray) 
     return out
 
 
+def groups_of(keys: np.ndarray):
+    """(key, indices of its elements) for each distinct value of `keys`, in increasing order
+    of key; the indices of one key in their original order."""
+    order = np.argsort(keys, kind="stable")
+    bounds = np.flatnonzero(np.diff(keys[order])) + 1
+    for members in np.split(order, bounds):
+        if members.size:
+            yield keys[members[0]], members
+
+
 @dataclass
 class DocumentKeys:
     """Where the documents of one batch go, before any copies are made."""
@@ -111,13 +121,8 @@ def split_and_shard(batch: TokenizedBatch | DistinctBatch, seed: int, validation
     shards = np.where(split_index == 0,
                       keys.shard_of(order_hashes, num_shards["train"]),
                       keys.shard_of(order_hashes, num_shards["validation"]))
-    group = (split_index << 32) | shards
-    order = np.argsort(group, kind="stable")
-    bounds = np.flatnonzero(np.diff(group[order])) + 1
-    for members in np.split(order, bounds):
-        if members.size == 0:
-            continue
-        g = int(group[members[0]])
+    for g, members in groups_of((split_index << 32) | shards):
+        g = int(g)
         docs = members if of_copy is None else of_copy[members]
         yield (SPLITS[g >> 32], g & 0xFFFFFFFF), ShardPart.of(
             order_hashes=order_hashes[members],
