@@ -15,7 +15,6 @@ loading the tokenizer there, so bad options fail before any worker starts);
 import math
 import uuid
 from dataclasses import dataclass, field, replace
-from fractions import Fraction
 
 import apache_beam as beam
 
@@ -130,8 +129,7 @@ def _train_text_bytes(inputs: _Inputs, fraction: float, by_file: dict[str, int])
         return held(inputs.train)
     by_source = [held([f for f in inputs.train if inputs.source_of_input[input_index(f.key)] == i])
                  for i in range(len(inputs.mixture.sources))]
-    return float(min(Fraction(s.max_epochs) * Fraction(b) / share for s, b, share
-                     in zip(inputs.mixture.sources, by_source, inputs.mixture.shares())))
+    return float(mix.train_total(inputs.mixture, by_source))
 
 
 def plan_job(o: FlatTokensOptions, storage_options: dict | None = None, run_id: str | None = None) -> JobPlan:

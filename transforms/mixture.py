@@ -195,6 +195,14 @@ class SourceSampling:
     threshold: int
 
 
+def train_total(mixture: Mixture, amounts) -> Fraction:
+    """T: the largest train size for which no source is used more than its max_epochs times,
+    from each source's train amount (tokens after deduplication; or, to plan shards before
+    the run, bytes of text), in the same unit."""
+    return min(Fraction(s.max_epochs) * Fraction(amount) / share
+               for s, amount, share in zip(mixture.sources, amounts, mixture.shares()))
+
+
 def sampling_plan(mixture: Mixture, train_tokens: list[int]) -> tuple[Fraction, list[SourceSampling]]:
     """(T, per-source sampling) from each source's train tokens after deduplication."""
     shares = mixture.shares()
@@ -203,8 +211,7 @@ def sampling_plan(mixture: Mixture, train_tokens: list[int]) -> tuple[Fraction, 
             raise MixtureError(f"mixture source {source.name!r} has no train tokens: every document of it was "
                                f"empty, a duplicate, rejected or held out for validation; remove the source "
                                f"or give it more input")
-    total = min(Fraction(s.max_epochs) * tokens / share
-                for s, tokens, share in zip(mixture.sources, train_tokens, shares))
+    total = train_total(mixture, train_tokens)
     plan = []
     for tokens, share in zip(train_tokens, shares):
         m = share * total / tokens
