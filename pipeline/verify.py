@@ -83,15 +83,15 @@ def check_dataset(url: str, *, block: int = DEFAULT_BLOCK, storage_options: dict
     if block < 1:
         raise ValueError(f"block must be >= 1, is {block}")
     root = open_root(url, storage_options)
-    conflicts = check_conflicts(url, storage_options)
+    conflicted = check_conflicts(url, storage_options)
     if root is None:
-        return [UNFINISHED] + conflicts, {}
+        return [UNFINISHED] + conflicted, {}
     attrs = dict(root.attrs)
     unfinished = check_commit(attrs)
     if unfinished:
         # Data of an unfinished run may be half written: checking it would only add noise.
-        return [unfinished] + conflicts, {}
-    problems = conflicts + check_format(attrs)
+        return [unfinished] + conflicted, {}
+    problems = conflicted + check_format(attrs)
     summaries: dict[str, SplitSummary] = {}
     for name in SPLITS:
         if name not in root:

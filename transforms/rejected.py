@@ -7,8 +7,9 @@ directory (outside the zarr group), named by the run id and a hash of (file, ran
 same bytes. Only report files of the runs whose output this run replaced, recognised by
 that exact name, are ever deleted there: anything else in the directory stays. A line's
 1-based number is its index in its range plus the line counts of the ranges before it in
-the same file (a side input), because ranges of one file are read by different workers. A Parquet row group is a range
-whose start is its index; its rows' indices are known without the side input.
+the same file (a side input), because ranges of one file are read by different workers.
+A Parquet row group is a range whose start is its index; its rows' indices are known
+without the side input.
 """
 import hashlib
 import json
