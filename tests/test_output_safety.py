@@ -241,11 +241,13 @@ def test_a_write_that_may_have_landed_after_a_takeover_blocks_every_commit(tmp_p
     list(CreateOutput(a, False, str(tmp_path / "rej")).process(None, layout))
     writing = WriteOwnedChunks(a)
     writing.setup()
+    writing.start_bundle()
     steps = writing.process(shards[0], layout, True)
-    next(steps)  # run A checked its claim and wrote its first chunks ...
+    next(steps)  # run A checked its claim and started writing its chunks ...
     list(CreateOutput(b, True, str(tmp_path / "rej"), expected_owner=(1, "run-a")).process(None, layout))
     with pytest.raises(OutputTaken, match="conflict record"):
-        list(steps)  # ... and writes more after B took over: it says so
+        list(steps)  # ... and writes more after B took over: it says so once they have landed
+        writing.finish_bundle()
     assert (tmp_path / "o.zarr" / f"{CONFLICT_PREFIX}run-a").exists()
     with pytest.raises(OutputError, match="another run may have written into this output"):
         list(CommitFn(b, {"run_id": "run-b"}).process(None, CHUNKS, layout, {"lines": 4, "documents": 4}))

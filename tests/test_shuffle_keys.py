@@ -90,10 +90,36 @@ def test_shard_parts_carry_every_document_whole_and_sorted_shards_encode_start_b
     received, hashes = [], []
     for key in sorted(parts):
         shard = sort_shard((key, parts[key]))
-        assert shard.tokens.dtype == np.uint32
+        tokens = np.asarray(shard.tokens)
+        assert tokens.dtype == np.uint32 and tokens.size == shard.tokens.size
         starts = np.cumsum(shard.lengths) - shard.lengths
-        assert np.flatnonzero(shard.tokens & 1).tolist() == starts.tolist()
-        received += [(shard.tokens[a:a + n] >> 1).tolist() for a, n in zip(starts, shard.lengths)]
+        assert np.flatnonzero(tokens & 1).tolist() == starts.tolist()
+        received += [(tokens[a:a + n] >> 1).tolist() for a, n in zip(starts, shard.lengths)]
         hashes += sorted(int(h) for p in parts[key] for h in p.order_hashes)
     assert sorted(received) == sorted(documents.values())
     assert hashes == sorted(hashes)  # shards are consecutive hash ranges
+
+
+@settings(max_examples=200, deadline=None)
+@given(lengths=st.lists(st.integers(1, 30), min_size=1, max_size=30), data=st.data())
+def test_encoded_tokens_encode_any_range_as_the_whole_would_and_pickle_only_that_range(lengths, data):
+    """The writer encodes a shard chunk by chunk (records.EncodedTokens): every contiguous
+    range, and every range of a range, must hold exactly the flat-tokens encoding of those
+    positions (2*id, +1 where a sequence starts), also after crossing a pickle."""
+    import pickle
+    from transforms.records import EncodedTokens
+    ids = np.array(data.draw(st.lists(st.integers(0, 65_535), min_size=sum(lengths), max_size=sum(lengths))),
+                   dtype=np.uint16)
+    first_tokens = set(np.cumsum(lengths) - lengths)
+    want = [2 * int(t) + (i in first_tokens) for i, t in enumerate(ids)]
+    whole = EncodedTokens.of(ids, np.array(lengths))
+    assert whole.size == len(want) and np.asarray(whole).tolist() == want
+    a = data.draw(st.integers(0, len(want)))
+    b = data.draw(st.integers(a, len(want)))
+    part = whole[a:b]
+    assert np.asarray(part, dtype=np.uint32).tolist() == want[a:b]
+    c = data.draw(st.integers(0, b - a))
+    assert np.asarray(part[c:]).tolist() == want[a + c:b]
+    shipped = pickle.loads(pickle.dumps(part))
+    assert np.asarray(shipped).tolist() == want[a:b]
+    assert shipped.nbytes <= part.nbytes

@@ -293,6 +293,12 @@ def fenced(url: str, run_id: str, what: str, storage_options: dict | None = None
     run took the output over is recorded as a conflict, so that output is never published."""
     check_owner(url, run_id, storage_options, doing=f"about to write {what}")
     yield
+    confirm_written(url, run_id, what, storage_options)
+
+
+def confirm_written(url: str, run_id: str, what: str, storage_options: dict | None = None):
+    """The second half of `fenced`, for writes that finish later than they start: checks the
+    claim once they have landed, and records a conflict if another run took the output over."""
     try:
         check_owner(url, run_id, storage_options, doing=f"writing {what}")
     except OutputTaken as e:

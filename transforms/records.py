@@ -88,6 +88,58 @@ class ShardPart:
         return state
 
 
+class EncodedTokens:
+    """The flat-tokens encoding (2*id, plus 1 on each sequence's first token) of concatenated
+    sequences, made range by range when asked for (`np.asarray(tokens[a:b])`).
+
+    A shard's encoded tokens are never made whole: the writer encodes each chunk on its own
+    thread just before compressing it. A whole uint32 copy of a shard was ~100 MB of fresh
+    memory per 64 MB shard, and clearing its pages cost more than encoding it (perf)."""
+
+    def __init__(self, ids: np.ndarray, starts: np.ndarray, lo: int = 0, hi: int | None = None):
+        self._ids = ids  # narrow ids of all the sequences
+        self._starts = starts  # int64 position of each sequence's first token in `ids`, increasing
+        self._lo = lo
+        self._hi = ids.size if hi is None else hi
+
+    @classmethod
+    def of(cls, ids: np.ndarray, lengths: np.ndarray) -> "EncodedTokens":
+        """Lengths must be > 0."""
+        return cls(ids, np.cumsum(lengths) - lengths)
+
+    dtype = np.dtype(np.uint32)
+
+    @property
+    def size(self) -> int:
+        return self._hi - self._lo
+
+    @property
+    def nbytes(self) -> int:
+        """What this view holds in memory (its ids and starts), not the size it encodes to."""
+        return self._ids.nbytes + self._starts.nbytes
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, item: slice) -> "EncodedTokens":
+        a, b, step = item.indices(self.size)
+        if step != 1:
+            raise IndexError("EncodedTokens takes contiguous slices only")
+        return EncodedTokens(self._ids, self._starts, self._lo + a, self._lo + max(a, b))
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        tokens = self._ids[self._lo:self._hi].astype(np.uint32)  # a copy, shifted in place
+        tokens <<= np.uint32(1)
+        first, last = np.searchsorted(self._starts, (self._lo, self._hi))
+        tokens[self._starts[first:last] - self._lo] |= np.uint32(1)
+        return tokens if dtype is None else tokens.astype(dtype, copy=False)
+
+    def __reduce__(self):
+        # Only the viewed range crosses a runner's shuffle, not the whole shard.
+        first, last = np.searchsorted(self._starts, (self._lo, self._hi))
+        return EncodedTokens, (self._ids[self._lo:self._hi].copy(), self._starts[first:last] - self._lo)
+
+
 @dataclass
 class SortedShard:
     """All documents of one shard, in their final order."""
@@ -95,16 +147,7 @@ class SortedShard:
     split: str
     shard: int
     lengths: np.ndarray  # int64 token count of each sequence
-    tokens: np.ndarray  # uint32 encoded tokens (encode_start_bits)
-
-
-def encode_start_bits(ids: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """The flat-tokens encoding of concatenated sequences: 2*id, plus 1 on each sequence's
-    first token. Lengths must be > 0."""
-    tokens = ids.astype(np.uint32)  # a copy, shifted in place: no second array
-    tokens <<= np.uint32(1)
-    tokens[np.cumsum(lengths) - lengths] |= np.uint32(1)
-    return tokens
+    tokens: "np.ndarray | EncodedTokens"  # uint32 encoded tokens, or made per range when written
 
 
 @dataclass
@@ -123,7 +166,7 @@ def approximate_bytes(record) -> int:
     total = 0
     for f in fields(record):
         value = getattr(record, f.name)
-        if isinstance(value, np.ndarray):
+        if isinstance(value, (np.ndarray, EncodedTokens)):
             total += value.nbytes
         elif isinstance(value, (bytes, str)):
             total += len(value)

@@ -15,7 +15,7 @@ from transforms import mixture
 from transforms import shuffle_keys as keys
 from transforms import spill
 from transforms.inputs import input_index
-from transforms.records import DistinctBatch, ShardPart, ShardSize, SortedShard, TokenizedBatch, encode_start_bits
+from transforms.records import DistinctBatch, EncodedTokens, ShardPart, ShardSize, SortedShard, TokenizedBatch
 
 SPLITS = ("train", "validation")
 _SLICE_WHEN_AVERAGE_LENGTH = 64
@@ -173,8 +173,8 @@ def size_of(keyed_part) -> ShardSize:
 
 
 def sort_shard(keyed_parts) -> SortedShard:
-    """Sorts a shard's documents by (hash, salt, offset), gathering their ids from the parts,
-    and encodes them with start bits."""
+    """Sorts a shard's documents by (hash, salt, offset), gathering their ids from the parts;
+    the writer encodes them with start bits, chunk by chunk."""
     (split, shard), parts = keyed_parts
     parts = list(parts)
     hashes = np.concatenate([p.order_hashes for p in parts])
@@ -195,7 +195,7 @@ def sort_shard(keyed_parts) -> SortedShard:
         start_in_part = np.concatenate([np.cumsum(p.lengths) - p.lengths for p in parts])
         ids = np.concatenate([part_ids[i][a:a + n] for i, a, n in
                               zip(part_of[order].tolist(), start_in_part[order].tolist(), sorted_lengths.tolist())])
-    return SortedShard(split, shard, sorted_lengths, encode_start_bits(ids, sorted_lengths))
+    return SortedShard(split, shard, sorted_lengths, EncodedTokens.of(ids, sorted_lengths))
 
 
 class KeyByShard(beam.DoFn):

@@ -13,7 +13,7 @@ Every write puts the same bytes at the same place whenever it runs, so Beam may 
 any bundle. Each write reports how many chunks it wrote; the commit checks the total.
 """
 import os
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 
 import apache_beam as beam
 import numpy as np
@@ -100,36 +100,48 @@ class _ArrayCache:
         self._writers = {}
 
 
-def write_region(writer, start: int, values: np.ndarray, block: int, length: int, split: str, name: str):
-    """Writes the whole blocks of [start, start+len(values)) this writer owns; yields the
-    rest as fragments (key, (start, values)) for the merge step, and receipts."""
+def write_region(put, start: int, values, block: int, length: int, split: str, name: str):
+    """Writes (with `put(start, values)`) the whole blocks of [start, start+len(values)) this
+    writer owns; yields the rest as fragments (key, (start, values)) for the merge step, and
+    receipts."""
     region = plan.plan_region(start, start + values.size, block, length)
     if region.direct:
         a, b = region.direct
-        writer.write(a, values[a - start:b - start])
+        put(a, values[a - start:b - start])
         yield "receipt", (split, name, plan.block_count(b, block) - a // block)
     for index, a, b in region.fragments:
-        yield "fragment", ((split, name, index), (a, values[a - start:b - start]))
+        yield "fragment", ((split, name, index), (a, np.asarray(values[a - start:b - start])))
 
 
 class WriteOwnedChunks(beam.DoFn):
     """SortedShard -> writes its whole chunks; emits shared pieces (tag `fragments`) and
-    receipts (main output: (split, array, chunks written))."""
+    receipts (main output: (split, array, chunks written)).
+
+    A shard's chunks are encoded and stored on a thread pool while the next shard is sorted:
+    `process` waits only for the previous shard's writes, and `finish_bundle` for the last,
+    so no bundle succeeds (and no receipt reaches the commit) before its chunks have landed
+    and the claim was confirmed after them."""
 
     FRAGMENTS = "fragments"
 
     def __init__(self, target: StoreTarget):
         self._target = target
         self._arrays = None
+        self._pending = None  # (what, futures) of the shard being written
 
     def setup(self):
         self._arrays = _ArrayCache(self._target)
 
     def teardown(self):
+        self._settle_pending(failed_bundle=True)
         if self._arrays:
             self._arrays.close()
 
+    def start_bundle(self):
+        self._settle_pending(failed_bundle=True)
+
     def process(self, shard: SortedShard, layout, ready):
+        self._settle_pending()  # one shard in flight: memory stays bounded, errors surface here
         split = layout[shard.split]
         token_offset, seq_offset, n_tokens, n_seqs = split.shards[shard.shard]
         if (n_tokens, n_seqs) != (shard.tokens.size, shard.lengths.size):
@@ -139,15 +151,38 @@ class WriteOwnedChunks(beam.DoFn):
         starts = (np.cumsum(shard.lengths) - shard.lengths).astype(np.uint64) + np.uint64(token_offset)
         pieces = ((TOKENS, token_offset, shard.tokens, split.tokens),
                   (SEQ_STARTS, seq_offset, starts, split.sequences + 1))
-        yield from self._write(shard.split, pieces)
+        futures = []
+        yield from self._write(shard.split, pieces, futures)
+        self._pending = (f"{shard.split} shard {shard.shard}'s chunks", futures)
 
-    def _write(self, split, pieces):
+    def finish_bundle(self):
+        self._settle_pending()
+
+    def _settle_pending(self, failed_bundle: bool = False):
+        """Waits for the shard in flight, then confirms the claim: even when a write failed,
+        or its bundle did (`failed_bundle`: its writes still ran), since part of it may have
+        landed after a takeover. Then raises the first failed write of a live bundle."""
+        if self._pending is None:
+            return
+        what, futures = self._pending
+        self._pending = None
+        wait(futures)
         t = self._target
-        with ownership.fenced(t.url, t.run_id, f"{split} chunks", t.storage_options):
-            for name, start, values, length in pieces:
-                array = self._arrays.get(split, name)
-                for kind, item in write_region(array, start, values, t.write_block(name), length, split, name):
-                    yield item if kind == "receipt" else beam.pvalue.TaggedOutput(self.FRAGMENTS, item)
+        ownership.confirm_written(t.url, t.run_id, what, t.storage_options)
+        if not failed_bundle:
+            for written in futures:
+                written.result()
+
+    def _write(self, split, pieces, futures: list | None = None):
+        """Writes the pieces' owned chunks: before returning, or (given `futures`) on the
+        pool, adding each chunk's future to `futures`. Checks the claim first."""
+        t = self._target
+        ownership.check_owner(t.url, t.run_id, t.storage_options, doing=f"about to write {split} chunks")
+        for name, start, values, length in pieces:
+            array = self._arrays.get(split, name)
+            put = array.write if futures is None else lambda a, v, array=array: futures.extend(array.submit(a, v))
+            for kind, item in write_region(put, start, values, t.write_block(name), length, split, name):
+                yield item if kind == "receipt" else beam.pvalue.TaggedOutput(self.FRAGMENTS, item)
 
 
 class WriteEndMarkers(WriteOwnedChunks):
@@ -158,6 +193,8 @@ class WriteEndMarkers(WriteOwnedChunks):
             total = layout[split]
             marker = np.array([total.tokens], dtype=np.uint64)
             yield from self._write(split, ((SEQ_STARTS, total.sequences, marker, total.sequences + 1),))
+            ownership.confirm_written(self._target.url, self._target.run_id, f"{split} chunks",
+                                      self._target.storage_options)
 
 
 class WriteSharedChunks(beam.DoFn):

@@ -10,6 +10,7 @@ and `"complete": true`. Until then zarr cannot open `OUTPUT` as a group and
 import logging
 import os
 import posixpath
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import numcodecs
@@ -204,18 +205,23 @@ class ChunkWriter:
         self._compressor = meta.compressor
         self._pool = pool
 
-    def write(self, start: int, values: np.ndarray) -> None:
+    def write(self, start: int, values) -> None:
         """Writes `values` at [start, start + len(values)): whole chunks, or the array's last
-        chunk up to the array's end."""
+        chunk up to the array's end. `values`: an array, or anything that slices into parts
+        numpy can turn into arrays (records.EncodedTokens)."""
+        for written in self.submit(start, values):
+            written.result()
+
+    def submit(self, start: int, values) -> list[Future]:
+        """As `write`, but returns at once: each chunk's write is a future on the pool."""
         stop = start + values.size
         if start % self._chunk or (stop % self._chunk and stop != self._length):
             raise ValueError(f"[{start}, {stop}) is not made of whole chunks of {self._chunk}")
         first, last = start // self._chunk, -(-stop // self._chunk)
-        list(self._pool.map(lambda i: self._write_chunk(i, values[i * self._chunk - start:
-                                                                   (i + 1) * self._chunk - start]),
-                            range(first, last)))
+        return [self._pool.submit(self._write_chunk, i, values[i * self._chunk - start:(i + 1) * self._chunk - start])
+                for i in range(first, last)]
 
-    def _write_chunk(self, index: int, values: np.ndarray) -> None:
+    def _write_chunk(self, index: int, values) -> None:
         data = np.ascontiguousarray(values, dtype=self._dtype)
         if data.size < self._chunk:  # zarr v2 stores the last chunk at full size, padded with the fill value
             fill = 0 if self._meta.fill_value is None else self._meta.fill_value
@@ -230,8 +236,12 @@ class ZarrWriter:
     def __init__(self, target: StoreTarget, split: str, name: str):
         self._array = open_array(target, split, name)
 
-    def write(self, start: int, values: np.ndarray) -> None:
-        self._array[start:start + values.size] = values
+    def write(self, start: int, values) -> None:
+        self._array[start:start + values.size] = np.asarray(values)
+
+    def submit(self, start: int, values) -> list[Future]:
+        self.write(start, values)  # zarr's own path: done when it returns
+        return []
 
 
 def array_writer(target: StoreTarget, split: str, name: str, pool):
