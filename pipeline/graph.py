@@ -216,9 +216,8 @@ def build_pipeline(p: beam.Pipeline, plan: JobPlan):
             count_copies, plan.seed, plan.validation_fraction, plan.source_of_input, sampling))
     # Combines without defaults and one Impulse per "once": a CombineGlobally's default adds
     # five transforms and a Create four, which Beam builds, translates and runs even for
-    # tiny inputs. Counts and chunk receipts are never empty (every input range reports its
-    # counts; the end markers' chunk always exists); an input without documents has no
-    # shard sizes, and lays out no shards.
+    # tiny inputs. Counts are never empty (every input range reports its counts); an input
+    # without documents has no shard sizes, and lays out no shards.
     layout = sizes | "LayOutShards" >> beam.CombineGlobally(LayOutShards()).without_defaults()
     layout_view = singleton(layout, default_value=lay_out({}, SPLITS))
     counts = (
@@ -236,9 +235,8 @@ def build_pipeline(p: beam.Pipeline, plan: JobPlan):
     ready = counts | "CheckRejectedFraction" >> beam.ParDo(
         CheckRejectedFraction(plan.max_rejected_fraction, plan.rejected_url),
         beam.pvalue.AsList(reports), singleton(created))
-    chunks_written = shards | "WriteFlatTokens" >> WriteFlatTokens(plan.target, layout_view, singleton(ready))
-    return (chunks_written, layout, counts) | "CommitDataset" >> CommitDataset(plan.target, plan.provenance,
-                                                                              plan.mixture)
+    receipts = shards | "WriteFlatTokens" >> WriteFlatTokens(plan.target, layout_view, singleton(ready))
+    return (receipts, layout, counts) | "CommitDataset" >> CommitDataset(plan.target, plan.provenance, plan.mixture)
 
 
 def count_source_documents(batch: TokenizedBatch, source_of_input: list[int]) -> dict:

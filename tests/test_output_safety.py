@@ -231,7 +231,7 @@ def test_a_run_whose_output_was_taken_over_stops_before_writing_and_cannot_commi
     with pytest.raises(OutputTaken, match="run run-b took it over"):
         list(writer.process(shards[0], layout, True))
     with pytest.raises(OutputTaken):
-        list(CommitFn(a, {"run_id": "run-a"}).process(None, CHUNKS, layout, {"lines": 4, "documents": 4}))
+        CommitFn(a, {"run_id": "run-a"}).commit(CHUNKS, layout, {"lines": 4, "documents": 4})
     assert digest(tmp_path / "o.zarr") == taken
 
 
@@ -250,7 +250,7 @@ def test_a_write_that_may_have_landed_after_a_takeover_blocks_every_commit(tmp_p
         writing.finish_bundle()
     assert (tmp_path / "o.zarr" / f"{CONFLICT_PREFIX}run-a").exists()
     with pytest.raises(OutputError, match="another run may have written into this output"):
-        list(CommitFn(b, {"run_id": "run-b"}).process(None, CHUNKS, layout, {"lines": 4, "documents": 4}))
+        CommitFn(b, {"run_id": "run-b"}).commit(CHUNKS, layout, {"lines": 4, "documents": 4})
     assert not (tmp_path / "o.zarr" / ".zgroup").exists()
 
 

@@ -11,7 +11,7 @@ from transforms.zarr_store import SEQ_STARTS, SPLITS, TOKENS, StoreTarget
 
 
 class SumCounts(beam.CombineFn):
-    """Dicts of counts -> their sum, key by key (line counts; chunk receipts)."""
+    """Dicts of counts -> their sum, key by key."""
 
     def create_accumulator(self):
         return Counter()
@@ -88,13 +88,28 @@ def check_mixture_accounts(stats: dict, counts: dict, mixture: mix.Mixture) -> N
                                f"but the input has {stats[what]}")
 
 
+def chunk_counts(receipts) -> dict:
+    """Lists of (split, array, chunks written) receipts -> chunks written per (split, array)."""
+    written = Counter()
+    for listed in receipts:
+        for split, name, chunks in listed:
+            written[split, name] += chunks
+    return dict(written)
+
+
 class CommitFn(beam.DoFn):
+    """Commits once every writer has reported: its side inputs are the layout, the summed
+    counts and one list of chunk receipts per kind of writer."""
+
     def __init__(self, target: StoreTarget, provenance: dict, mixture: mix.Mixture | None = None):
         self._target = target
         self._provenance = provenance
         self._mixture = mixture
 
-    def process(self, _, chunks_written, layout, counts):
+    def process(self, _, layout, counts, *receipts):
+        yield self.commit(chunk_counts(receipts), layout, counts)
+
+    def commit(self, chunks_written: dict, layout, counts) -> dict:
         stats = dataset_stats(counts, layout)
         check_accounts(stats, chunks_written, self._target, counts, self._mixture)
         root = {"format": "flat-tokens", "complete": True, "stats": stats, **self._provenance,
@@ -104,11 +119,15 @@ class CommitFn(beam.DoFn):
             stats["duplicates_by_source"] = {s["name"]: s[mix.DUPLICATES] for s in root["mixture"]["sources"]}
         splits = {s: {"max_token_id": stats[s]["max_token_id"]} for s in SPLITS}
         store.commit(self._target, root, splits)
-        yield stats
+        return stats
 
 
 class CommitDataset(beam.PTransform):
-    """(chunk counts, layout side input, line counts) -> commits the dataset; yields its stats."""
+    """(the writers' receipts, layout, line counts) -> commits the dataset; yields its stats.
+
+    The receipts (a tuple of PCollections of (split, array, chunks written)) reach the
+    commit as side inputs, list by list: summing them in a combine first cost the runner
+    two more stages, for a few hundred small tuples."""
 
     def __init__(self, target: StoreTarget, provenance: dict, mixture: mix.Mixture | None = None):
         super().__init__()
@@ -117,12 +136,12 @@ class CommitDataset(beam.PTransform):
         self._mixture = mixture
 
     def expand(self, inputs):
-        chunks_written, layout, counts = inputs
+        receipts, layout, counts = inputs
         return (
-            chunks_written.pipeline
+            layout.pipeline
             | "Once" >> beam.Impulse()
             | "Commit" >> beam.ParDo(CommitFn(self._target, self._provenance, self._mixture),
-                                     beam.pvalue.AsSingleton(chunks_written),
                                      beam.pvalue.AsSingleton(layout, default_value=plan.lay_out({}, SPLITS)),
-                                     beam.pvalue.AsSingleton(counts))
+                                     beam.pvalue.AsSingleton(counts),
+                                     *[beam.pvalue.AsList(r) for r in receipts])
         )

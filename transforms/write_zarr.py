@@ -22,7 +22,6 @@ from transforms import layout as plan
 from transforms import ownership
 from transforms import rejected
 from transforms import zarr_store as store
-from transforms.commit import SumCounts
 from transforms.records import ShardSize, SortedShard
 from transforms.zarr_store import SEQ_STARTS, SPLITS, TOKENS, StoreTarget
 
@@ -232,7 +231,8 @@ class WriteSharedChunks(beam.DoFn):
 
 
 class WriteFlatTokens(beam.PTransform):
-    """SortedShards -> {(split, array): chunks written}, once every chunk is written.
+    """SortedShards -> the receipts of every chunk written: a tuple of PCollections of
+    (split, array, chunks written), one per kind of writer (CommitDataset sums them).
 
     `layout` (the LayOutShards result) and `ready` (true once the arrays exist and the input
     passed its checks) are singleton side inputs."""
@@ -257,9 +257,4 @@ class WriteFlatTokens(beam.PTransform):
             | "GatherFragments" >> beam.Flatten()
             | "GroupByChunk" >> beam.GroupByKey()
             | "WriteSharedChunks" >> beam.ParDo(WriteSharedChunks(self._target), layout, ready))
-        return (
-            (owned.receipts, markers.receipts, shared)
-            | "GatherReceipts" >> beam.Flatten()
-            | "KeyReceipts" >> beam.Map(lambda receipt: {receipt[:2]: receipt[2]})
-            | "CountChunks" >> beam.CombineGlobally(SumCounts()).without_defaults()  # never empty: end markers
-        )
+        return owned.receipts, markers.receipts, shared
