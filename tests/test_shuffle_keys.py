@@ -4,7 +4,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from transforms import shuffle_keys as keys
-from transforms.shuffle import gather_segments
+from transforms.segments import gather_segments, take_documents
 
 
 def test_hashes_depend_on_seed_file_and_offset_only():
@@ -53,14 +53,26 @@ def test_below_fraction_takes_the_requested_fraction():
 
 @given(lengths=st.lists(st.integers(0, 200), max_size=30), block=st.sampled_from([1, 7, 1 << 22]), data=st.data())
 def test_gather_segments_concatenates_documents_in_order(lengths, block, data):
-    from transforms import shuffle
-    shuffle._GATHER_BLOCK_TOKENS = block  # the vectorised path works in blocks of this many tokens
     lengths = np.array(lengths, dtype=np.int64)
     tokens = np.arange(int(lengths.sum()), dtype=np.uint32)
     order = np.array(data.draw(st.permutations(range(len(lengths)))), dtype=np.int64)
     starts = np.cumsum(lengths) - lengths
     want = [int(t) for i in order for t in tokens[starts[i]:starts[i] + lengths[i]]]
-    assert gather_segments(tokens, lengths, order).tolist() == want
+    # `block`: the vectorised path (short documents) works in blocks of this many tokens
+    assert gather_segments(tokens, lengths, order, block).tolist() == want
+
+
+@given(spans=st.lists(st.tuples(st.integers(0, 300), st.integers(0, 40)), max_size=30),
+       block=st.sampled_from([1, 7, 1 << 22]))
+def test_take_documents_copies_any_spans_in_the_order_given(spans, block):
+    """Spans may overlap and repeat (a mixture's copies of one document), in any order."""
+    tokens = np.arange(400, dtype=np.uint16)
+    spans = [(a, min(n, 400 - a)) for a, n in spans]
+    starts = np.array([a for a, _ in spans], dtype=np.int64)
+    lengths = np.array([n for _, n in spans], dtype=np.int64)
+    want = [t for a, n in spans for t in range(a, a + n)]
+    got = take_documents(tokens, starts, lengths, block)
+    assert got.tolist() == want and got.dtype == np.uint16
 
 
 @settings(max_examples=100, deadline=None)

@@ -24,7 +24,8 @@ from transforms import mixture
 from transforms import shuffle_keys as keys
 from transforms.inputs import input_index
 from transforms.records import DedupPart, DistinctBatch, TokenizedBatch, narrowest_ids
-from transforms.shuffle import SPLITS, gather_segments, groups_of
+from transforms.segments import gather_segments
+from transforms.shuffle import SPLITS, groups_of
 
 COUNTS = "counts"
 _AUTO = 2  # a vote that the content hash decides

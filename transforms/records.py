@@ -55,8 +55,9 @@ class ShardPart:
 
     Its ids are in exactly one of three places: in memory as made (`raw_ids`); packed with
     LZ4 once the part is pickled to cross a runner's shuffle (`packed_ids`, see
-    __getstate__); or, on local runners, uncompressed in a file (`spilled`,
-    transforms/spill.py), where LZ4 would cost more CPU (0.5 s per 95M ids) than it saves."""
+    __getstate__); or, on local runners, in its batch's file of ids, among the batch's other
+    documents (`spilled`, transforms/spill.py), where LZ4 would cost more CPU (0.5 s per 95M
+    ids) than it saves."""
 
     order_hashes: np.ndarray  # uint64
     salts: np.ndarray  # uint64 order salt of each document's file (a tie-breaker)
@@ -66,7 +67,7 @@ class ShardPart:
     max_token_id: int  # measured when made, so sizing a part needs no ids
     raw_ids: np.ndarray | None = None  # token ids of the documents, concatenated
     packed_ids: bytes | None = None
-    spilled: "SpilledBytes | None" = None  # noqa: F821 (transforms.spill.SpilledBytes)
+    spilled: "SpilledDocuments | None" = None  # noqa: F821 (transforms.spill.SpilledDocuments)
 
     @classmethod
     def of(cls, order_hashes, salts, offsets, lengths, ids: np.ndarray) -> "ShardPart":
@@ -79,7 +80,7 @@ class ShardPart:
             return self.raw_ids
         if self.packed_ids is not None:
             return np.frombuffer(_SHUFFLE_CODEC.decode(self.packed_ids), dtype=self.ids_dtype)
-        return np.frombuffer(self.spilled.read(), dtype=self.ids_dtype)
+        return self.spilled.read(self.ids_dtype, self.lengths)
 
     def __getstate__(self):
         state = dict(self.__dict__)

@@ -14,39 +14,11 @@ import numpy as np
 from transforms import mixture
 from transforms import shuffle_keys as keys
 from transforms import spill
+from transforms.segments import SLICE_WHEN_AVERAGE_LENGTH, gather_segments
 from transforms.inputs import input_index
 from transforms.records import DistinctBatch, EncodedTokens, ShardPart, ShardSize, SortedShard, TokenizedBatch
 
 SPLITS = ("train", "validation")
-_SLICE_WHEN_AVERAGE_LENGTH = 64
-_GATHER_BLOCK_TOKENS = 1 << 22
-
-
-def gather_segments(tokens: np.ndarray, lengths: np.ndarray, order: np.ndarray) -> np.ndarray:
-    """The documents of a flat token array, concatenated in `order`."""
-    starts = np.cumsum(lengths) - lengths
-    picked = lengths[order]
-    total = int(picked.sum())
-    if total == 0:
-        return tokens[:0]
-    if total >= _SLICE_WHEN_AVERAGE_LENGTH * order.size:
-        # Long documents: one slice copy each beats building a per-token index.
-        return np.concatenate([tokens[a:a + n] for a, n in zip(starts[order].tolist(), picked.tolist())])
-    # Many short documents: a vectorised gather, in blocks of documents so that the int64
-    # index (8 bytes per token, three times over) stays bounded. Output position j reads
-    # tokens[start of its document + j - output start of its document].
-    out = np.empty(total, dtype=tokens.dtype)
-    out_starts = np.cumsum(picked) - picked
-    step = max(1, _GATHER_BLOCK_TOKENS * order.size // total)
-    for lo in range(0, order.size, step):
-        hi = min(lo + step, order.size)
-        n = picked[lo:hi]
-        a, b = int(out_starts[lo]), int(out_starts[hi - 1] + n[-1])
-        shift = np.repeat(starts[order[lo:hi]] - out_starts[lo:hi], n)
-        out[a:b] = tokens[np.arange(a, b, dtype=np.int64) + shift]
-    return out
-
-
 def groups_of(keys: np.ndarray):
     """(key, indices of its elements) for each distinct value of `keys`, in increasing order
     of key; the indices of one key in their original order."""
@@ -106,10 +78,18 @@ def copies_of(doc: DocumentKeys, sampling) -> np.ndarray:
 
 
 def split_and_shard(batch: TokenizedBatch | DistinctBatch, seed: int, validation_fraction: float,
-                    num_shards: dict[str, int], sampling=None, source_of_input: list[int] | None = None):
+                    num_shards: dict[str, int], sampling=None, source_of_input: list[int] | None = None,
+                    spilled_to: str | None = None):
     """Yields ((split, shard), ShardPart) for each (split, shard) that the batch's documents
-    (and with a mixture's `sampling`, their copies: each with its own place) hit."""
+    (and with a mixture's `sampling`, their copies: each with its own place) hit.
+
+    Each part carries its documents' ids, or with `spilled_to` (the file holding the batch's
+    ids: transforms.spill) where each of its documents starts in that file."""
     doc = document_keys(batch, seed, validation_fraction, source_of_input)
+    starts = np.cumsum(batch.lengths) - batch.lengths
+    if spilled_to is not None and batch.lengths.size:
+        # Every document has a token (empty ones were dropped), so each reduces over its own.
+        document_max = np.maximum.reduceat(batch.ids, starts)
     if sampling is None:
         of_copy, order_hashes = None, doc.order
     else:
@@ -124,13 +104,14 @@ def split_and_shard(batch: TokenizedBatch | DistinctBatch, seed: int, validation
     for g, members in groups_of((split_index << 32) | shards):
         g = int(g)
         docs = members if of_copy is None else of_copy[members]
-        yield (SPLITS[g >> 32], g & 0xFFFFFFFF), ShardPart.of(
-            order_hashes=order_hashes[members],
-            salts=doc.ties[0][docs],
-            offsets=doc.ties[1][docs],
-            lengths=batch.lengths[docs],
-            ids=gather_segments(batch.ids, batch.lengths, docs),
-        )
+        placed = dict(order_hashes=order_hashes[members], salts=doc.ties[0][docs], offsets=doc.ties[1][docs],
+                      lengths=batch.lengths[docs])
+        if spilled_to is None:
+            part = ShardPart.of(**placed, ids=gather_segments(batch.ids, batch.lengths, docs))
+        else:
+            part = ShardPart(**placed, ids_dtype=batch.ids.dtype.name, max_token_id=int(document_max[docs].max()),
+                             spilled=spill.SpilledDocuments(spilled_to, starts[docs]))
+        yield (SPLITS[g >> 32], g & 0xFFFFFFFF), part
 
 
 def count_available(batch, seed: int, validation_fraction: float, source_of_input: list[int]) -> dict:
@@ -183,8 +164,10 @@ def sort_shard(keyed_parts) -> SortedShard:
     lengths = np.concatenate([p.lengths for p in parts])
     order = keys.shuffled_order(hashes, salts, offsets)
     sorted_lengths = lengths[order]
+    # Each part's ids are copied out of its spill file one part at a time, so that only one
+    # file is mapped (and counted in the resident size) at once.
     part_ids = [p.ids() for p in parts]
-    if len(parts) == 1 or int(lengths.sum()) < _SLICE_WHEN_AVERAGE_LENGTH * lengths.size:
+    if len(parts) == 1 or int(lengths.sum()) < SLICE_WHEN_AVERAGE_LENGTH * lengths.size:
         ids = part_ids[0] if len(parts) == 1 else np.concatenate(part_ids)
         del part_ids
         ids = gather_segments(ids, lengths, order)
@@ -212,11 +195,11 @@ class KeyByShard(beam.DoFn):
         self._spill_dir = spill_dir
 
     def process(self, batch, sampling=None, source_of_input=None):
-        parts = list(split_and_shard(batch, self._seed, self._validation_fraction, self._num_shards,
-                                     sampling, source_of_input))
-        if self._spill_dir and parts:
-            parts = spill.spill_parts(self._spill_dir, *batch_identity(batch), parts)
-        yield from parts
+        spilled_to = None
+        if self._spill_dir and batch.lengths.size:
+            spilled_to = spill.spill_ids(self._spill_dir, *batch_identity(batch), batch.ids)
+        yield from split_and_shard(batch, self._seed, self._validation_fraction, self._num_shards,
+                                   sampling, source_of_input, spilled_to)
 
 
 def batch_identity(batch) -> tuple[str, int]:

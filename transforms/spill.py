@@ -3,10 +3,12 @@
 The in-process runner holds every element that crosses a GroupByKey in memory until the
 group is read, and copies it on the way several times: measured on the 250 MB benchmark,
 three copies of the whole compressed shuffle at the peak, five and a half at 1.25 GB
-(3.1 GB of a 3.3 GB peak; docs/performance.md). So on local runners each batch writes the
-packed ids of all its shard parts to one file, and only the parts' metadata and a small
-reference to their bytes cross the GroupByKey; the shard's sort reads them back. The ids
-are written uncompressed: LZ4 would save disk but cost more CPU than the page cache does.
+(3.1 GB of a 3.3 GB peak; docs/performance.md). So on local runners each batch writes its
+ids to one file, as they are, and its shard parts carry only their documents' metadata and
+where each document starts in that file; a shard's sort copies each part's documents out
+of its (mapped) file. The ids are written uncompressed: LZ4 would save
+disk but cost more CPU than the page cache does. Writing the batch whole, instead of each
+part's ids gathered together, saves a copy of every id on the stage that tokenizes.
 
 Retries: a file's name is a pure function of its batch (input file key and first byte
 offset), its content a pure function of the batch's documents, and it is written under a
@@ -18,31 +20,50 @@ run ends; nothing else is ever deleted. Workers of remote runners (Dataflow, Fli
 no disk, so there the ids travel in the shuffle as before (`spill_dir` is None).
 """
 import hashlib
+import mmap
 import os
 import shutil
 import tempfile
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+
+import numpy as np
+
+from transforms.segments import take_documents
 
 PREFIX = "flat-tokens-shuffle-"
 
 
-@dataclass(frozen=True)
-class SpilledBytes:
-    """Where a part's packed ids are: `size` bytes at `start` of the file `path`."""
+@dataclass(frozen=True, eq=False)
+class SpilledDocuments:
+    """Where a part's documents are: document i at element `starts[i]` of the ids file
+    `path` (its length is the part's `lengths[i]`)."""
 
     path: str
-    start: int
-    size: int
+    starts: np.ndarray  # int64
 
-    def read(self) -> bytes:
+    def __eq__(self, other):
+        return (isinstance(other, SpilledDocuments) and self.path == other.path
+                and np.array_equal(self.starts, other.starts))
+
+    def mapped(self, dtype: str, lengths: np.ndarray) -> np.ndarray:
+        """The whole file's ids, mapped read-only; checked to hold every document."""
+        needed = int((self.starts + lengths).max()) if lengths.size else 0
+        size = os.path.getsize(self.path)  # FileNotFoundError names the path
+        itemsize = np.dtype(dtype).itemsize
+        if size < needed * itemsize:
+            raise RuntimeError(f"shuffle spill file {self.path}: expected at least {needed * itemsize} bytes, "
+                               f"found {size}; was the run's temporary directory changed while it ran?")
+        if size == 0:
+            return np.empty(0, dtype=dtype)
         with open(self.path, "rb") as f:
-            f.seek(self.start)
-            data = f.read(self.size)
-        if len(data) != self.size:
-            raise RuntimeError(f"shuffle spill file {self.path}: expected {self.size} bytes at {self.start}, "
-                               f"found {len(data)}; was the run's temporary directory removed while it ran?")
-        return data
+            # A plain array over the mapping (np.memmap's slices are slower to make); the
+            # mapping lives as long as any view of it.
+            return np.frombuffer(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ), dtype=dtype)
+
+    def read(self, dtype: str, lengths: np.ndarray) -> np.ndarray:
+        """The part's ids, documents concatenated in the part's order (a copy)."""
+        return take_documents(self.mapped(dtype, lengths), self.starts, lengths)
 
 
 def batch_file_name(file_key: str, first_offset: int) -> str:
@@ -51,20 +72,14 @@ def batch_file_name(file_key: str, first_offset: int) -> str:
     return f"{digest}-{first_offset:016x}.ids"
 
 
-def spill_parts(directory: str, file_key: str, first_offset: int, keyed_parts: list) -> list:
-    """Writes the ids of one batch's parts to one file, uncompressed; returns the parts
-    with references in place of their ids."""
+def spill_ids(directory: str, file_key: str, first_offset: int, ids: np.ndarray) -> str:
+    """Writes one batch's ids to its file, as they are; returns the file's path."""
     path = os.path.join(directory, batch_file_name(file_key, first_offset))
-    spilled, position = [], 0
     temporary = f"{path}.{uuid.uuid4().hex}.tmp"
     with open(temporary, "wb") as f:
-        for key, part in keyed_parts:
-            ids = part.ids()
-            f.write(ids.data)
-            spilled.append((key, replace(part, raw_ids=None, spilled=SpilledBytes(path, position, ids.nbytes))))
-            position += ids.nbytes
+        f.write(np.ascontiguousarray(ids).data)
     os.replace(temporary, path)
-    return spilled
+    return path
 
 
 def make_directory(run_id: str, root: str | None = None) -> str:
