@@ -34,9 +34,10 @@ class TokenizedBatch:
     digests: np.ndarray | None = None  # (n, 2) uint64 content digests, with --dedup exact only
 
 
-def narrowest_ids(ids: np.ndarray) -> np.ndarray:
-    """Token ids as uint16 when they fit (vocabularies up to 65,536), else uint32."""
-    if ids.size == 0 or int(ids.max()) < 1 << 16:
+def narrowest_ids(ids: np.ndarray, top: int | None = None) -> np.ndarray:
+    """Token ids as uint16 when they fit (vocabularies up to 65,536), else uint32. `top`:
+    their largest, when the caller knows it already."""
+    if ids.size == 0 or (int(ids.max()) if top is None else top) < 1 << 16:
         return ids.astype(np.uint16)
     return ids.astype(np.uint32)
 

@@ -11,6 +11,7 @@ import logging
 import socket
 import urllib.parse
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import apache_beam as beam
@@ -155,58 +156,74 @@ def load_encoders(info: TokenizerInfo, storage_options: dict | None = None):
     return encoder, backends.make_encoder(backends.HF, text) if checked else None
 
 
-def check_id_limit(ids: np.ndarray, spec: str) -> None:
-    """The format stores 2*id + start bit in 32 bits."""
-    if ids.size and int(ids.max()) > MAX_TOKEN_ID:
-        raise TokenizerError(f"--tokenizer {spec}: produced token id {int(ids.max())}, above the "
+def check_id_limit(top: int, spec: str) -> None:
+    """The format stores 2*id + start bit in 32 bits; `top` is the largest id produced."""
+    if top > MAX_TOKEN_ID:
+        raise TokenizerError(f"--tokenizer {spec}: produced token id {top}, above the "
                              f"format's limit 2**31-1; this tokenizer cannot be stored as flat-tokens")
 
 
-def check_sample(batch: DocumentBatch, ids: np.ndarray, lengths: np.ndarray, encoder, reference,
-                 info: TokenizerInfo) -> None:
-    """Re-encodes the batch's guard sample with the reference; raises on any difference.
-    Documents longer than the guard's bound are compared on their prefix, encoded by both."""
+def sample_check(batch: DocumentBatch, ids: np.ndarray, lengths: np.ndarray, encoder, reference,
+                 info: TokenizerInfo):
+    """The comparison of the batch's guard sample with the reference, ready to run: a call
+    that raises on any difference, or None when no document of the batch is sampled.
+
+    The sample's ids are the run's own, taken here; documents longer than the guard's bound
+    are compared on their prefix, encoded here by both backends. The returned call only
+    encodes with the reference, so it may run on another thread."""
     picked = np.flatnonzero(backends.guard_sample(batch.file_key, batch.offsets, info.check_fraction))
     if picked.size == 0:
-        return
+        return None
     texts = [backends.bounded(batch.texts[i]) for i in picked]
     if all(len(t) == len(batch.texts[i]) for i, t in zip(picked, texts)):
         starts = np.cumsum(lengths) - lengths
-        sub = np.concatenate([ids[starts[i]:starts[i] + lengths[i]] for i in picked])
-        candidate = lambda _: (sub, lengths[picked])  # noqa: E731 (the run's own ids, not re-encoded)
+        candidate = (np.concatenate([ids[starts[i]:starts[i] + lengths[i]] for i in picked]), lengths[picked])
     else:
-        candidate = encoder
-    found = backends.first_mismatch(reference, candidate, texts)
-    if found:
-        k, want, got = found
-        path = batch.file_key.split(":", 1)[1]
-        unit = "row" if format_of(path) == PARQUET else "byte"  # a Parquet document's place is its row
-        where = f"the document at {unit} {int(batch.offsets[picked[k]])} of input {path}"
-        raise backends.BackendMismatch(backends.describe_mismatch(info.backend, texts[k], want, got, where))
+        candidate = encoder(texts)
+
+    def compare():
+        found = backends.first_mismatch(reference, lambda _: candidate, texts)
+        if found:
+            k, want, got = found
+            path = batch.file_key.split(":", 1)[1]
+            unit = "row" if format_of(path) == PARQUET else "byte"  # a Parquet document's place is its row
+            where = f"the document at {unit} {int(batch.offsets[picked[k]])} of input {path}"
+            raise backends.BackendMismatch(backends.describe_mismatch(info.backend, texts[k], want, got, where))
+    return compare
 
 
 def tokenize_batch(batch: DocumentBatch, encoder, info: TokenizerInfo, reference=None,
-                   digests: bool = False) -> TokenizedBatch:
+                   digests: bool = False, checks=None) -> TokenizedBatch:
     """Tokenizes a batch; documents that tokenize to nothing are dropped and counted. With
-    `digests` (--dedup exact), each kept document's content digest comes along."""
+    `digests` (--dedup exact), each kept document's content digest comes along. With a
+    `reference`, the batch's guard sample is compared with it: here, or given `checks` (a
+    function taking the comparison), wherever that runs it."""
     ids, lengths = encoder(batch.texts)
     if reference is not None:
-        check_sample(batch, ids, lengths, encoder, reference, info)
-    check_id_limit(ids, info.spec)
+        compare = sample_check(batch, ids, lengths, encoder, reference, info)
+        if compare is not None:
+            (checks or (lambda run: run()))(compare)
+    top = int(ids.max()) if ids.size else -1
+    check_id_limit(top, info.spec)
     kept = lengths > 0
     return TokenizedBatch(
         file_key=batch.file_key,
         split=batch.split,
         offsets=batch.offsets[kept],
         lengths=lengths[kept],
-        ids=narrowest_ids(ids),
+        ids=narrowest_ids(ids, top),
         empty=int(np.count_nonzero(~kept)),
         digests=content_digests([t for t, k in zip(batch.texts, kept.tolist()) if k]) if digests else None,
     )
 
 
 class TokenizeBatches(beam.DoFn):
-    """DocumentBatch -> TokenizedBatch. The tokenizer is loaded once per worker, in setup()."""
+    """DocumentBatch -> TokenizedBatch. The tokenizer is loaded once per worker, in setup().
+
+    The guard's comparisons with the reference (HF tokenizers, which releases the GIL) run
+    on a thread of their own while the stage reads and tokenizes on: one at a time, the
+    next waiting for the last, and every one finished before the bundle is. A mismatch
+    fails the bundle as it would have in place."""
 
     def __init__(self, info: TokenizerInfo, storage_options: dict | None = None, progress_dir: str | None = None,
                  digests: bool = False):
@@ -214,20 +231,38 @@ class TokenizeBatches(beam.DoFn):
         self._digests = digests
         self._storage_options = storage_options
         self._progress_dir = progress_dir
-        self._encoder = self._reference = self._progress = None
+        self._encoder = self._reference = self._progress = self._checker = None
+        self._checking = None  # the guard comparison in flight (a Future)
 
     def setup(self):
         self._encoder, self._reference = load_encoders(self._info, self._storage_options)
         self._progress = ProgressFile(self._progress_dir)
+        if self._reference is not None:
+            self._checker = ThreadPoolExecutor(1, thread_name_prefix="flat-tokens-guard")
+
+    def start_bundle(self):
+        self._checking = None  # a failed bundle's comparison is not this bundle's
 
     def process(self, batch: DocumentBatch):
-        tokenized = tokenize_batch(batch, self._encoder, self._info, self._reference, self._digests)
+        tokenized = tokenize_batch(batch, self._encoder, self._info, self._reference, self._digests, self._check)
         self._progress.add(tokens=int(tokenized.ids.size))
         yield tokenized
 
+    def _check(self, compare) -> None:
+        self._wait_for_check()
+        self._checking = self._checker.submit(compare)
+
+    def _wait_for_check(self) -> None:
+        checking, self._checking = self._checking, None
+        if checking is not None:
+            checking.result()  # raises the comparison's BackendMismatch
+
     def finish_bundle(self):
+        self._wait_for_check()
         self._progress.flush()  # the bundle's tokens show now, not when the workers stop
 
     def teardown(self):
+        if self._checker:
+            self._checker.shutdown(cancel_futures=True)
         if self._progress:
             self._progress.flush()
