@@ -113,18 +113,33 @@ def test_shard_parts_carry_every_document_whole_and_sorted_shards_encode_start_b
 
 
 @settings(max_examples=200, deadline=None)
-@given(lengths=st.lists(st.integers(1, 30), min_size=1, max_size=30), data=st.data())
-def test_encoded_tokens_encode_any_range_as_the_whole_would_and_pickle_only_that_range(lengths, data):
+@given(lengths=st.lists(st.integers(1, 30), min_size=1, max_size=30), gathered=st.booleans(), data=st.data())
+def test_encoded_tokens_encode_any_range_as_the_whole_would_and_pickle_only_that_range(lengths, gathered, data):
     """The writer encodes a shard chunk by chunk (records.EncodedTokens): every contiguous
     range, and every range of a range, must hold exactly the flat-tokens encoding of those
-    positions (2*id, +1 where a sequence starts), also after crossing a pickle."""
+    positions (2*id, +1 where a sequence starts), also after crossing a pickle; whether the
+    ids lie end to end in one array or (`gathered`) scattered over several, as a shard's
+    documents in the parts they came from."""
     import pickle
     from transforms.records import EncodedTokens
     ids = np.array(data.draw(st.lists(st.integers(0, 65_535), min_size=sum(lengths), max_size=sum(lengths))),
                    dtype=np.uint16)
     first_tokens = set(np.cumsum(lengths) - lengths)
     want = [2 * int(t) + (i in first_tokens) for i, t in enumerate(ids)]
-    whole = EncodedTokens.of(ids, np.array(lengths))
+    if gathered:  # each sequence in one of three arrays, amid other ids, in any order
+        rng = np.random.default_rng(len(lengths))
+        pieces = [[], [], []]
+        source_of = rng.integers(0, 3, len(lengths))
+        start_in_source = np.zeros(len(lengths), dtype=np.int64)
+        for k in rng.permutation(len(lengths)):
+            a, n, held = sum(lengths[:k]), lengths[k], pieces[source_of[k]]
+            held.append(rng.integers(0, 65_535, rng.integers(0, 5)).astype(np.uint16))  # ids of no sequence here
+            start_in_source[k] = sum(map(len, held))
+            held.append(ids[a:a + n])
+        sources = [np.concatenate(held) if held else np.empty(0, np.uint16) for held in pieces]
+        whole = EncodedTokens.gathered(sources, source_of, start_in_source, np.array(lengths))
+    else:
+        whole = EncodedTokens.of(ids, np.array(lengths))
     assert whole.size == len(want) and np.asarray(whole).tolist() == want
     a = data.draw(st.integers(0, len(want)))
     b = data.draw(st.integers(a, len(want)))
@@ -134,4 +149,31 @@ def test_encoded_tokens_encode_any_range_as_the_whole_would_and_pickle_only_that
     assert np.asarray(part[c:]).tolist() == want[a + c:b]
     shipped = pickle.loads(pickle.dumps(part))
     assert np.asarray(shipped).tolist() == want[a:b]
-    assert shipped.nbytes <= part.nbytes
+    assert np.asarray(shipped[c:]).tolist() == want[a + c:b]
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**32), long=st.booleans())
+def test_a_shard_of_long_documents_sorts_to_the_same_tokens_however_it_is_gathered(seed, long):
+    """Shards of documents averaging GATHER_WHILE_WRITING_AVERAGE_LENGTH tokens or more are
+    left in their parts and gathered chunk by chunk as they are written; the tokens must be
+    those of the same documents gathered up front, in the same order."""
+    from transforms import shuffle
+    from transforms.records import TokenizedBatch
+    rng = np.random.default_rng(seed)
+    parts = []
+    for b in range(3):
+        lengths = rng.integers(shuffle.GATHER_WHILE_WRITING_AVERAGE_LENGTH if long else 64, 3000, 4)
+        ids = rng.integers(0, 50_000, int(lengths.sum())).astype(np.uint16)
+        batch = TokenizedBatch(f"{b}:f{b}", "train", np.arange(4, dtype=np.uint64) * 10, lengths, ids, 0)
+        parts += [p for _, p in shuffle.split_and_shard(batch, seed % 7, 0.0, {"train": 1, "validation": 1})]
+    shard = shuffle.sort_shard((("train", 0), parts))
+    hashes = np.concatenate([p.order_hashes for p in parts])
+    order = np.argsort(hashes, kind="stable")
+    documents = [p.ids()[a:a + n] for p in parts for a, n in zip(np.cumsum(p.lengths) - p.lengths, p.lengths)]
+    want = np.concatenate([documents[i] for i in order]).astype(np.uint32) << 1
+    want[np.cumsum(shard.lengths) - shard.lengths] |= 1
+    assert np.array_equal(np.asarray(shard.tokens), want)
+    chunk = 1000  # as the writer reads it: chunk by chunk
+    assert np.array_equal(np.concatenate([np.asarray(shard.tokens[i:i + chunk])
+                                          for i in range(0, shard.tokens.size, chunk)]), want)

@@ -96,20 +96,32 @@ class EncodedTokens:
 
     A shard's encoded tokens are never made whole: the writer encodes each chunk on its own
     thread just before compressing it. A whole uint32 copy of a shard was ~100 MB of fresh
-    memory per 64 MB shard, and clearing its pages cost more than encoding it (perf)."""
+    memory per 64 MB shard, and clearing its pages cost more than encoding it (perf).
 
-    def __init__(self, ids: np.ndarray, starts: np.ndarray, lo: int = 0, hi: int | None = None):
-        self._ids = ids  # narrow ids of all the sequences
-        self._starts = starts  # int64 position of each sequence's first token in `ids`, increasing
+    The ids are one flat array, sequences end to end (`of`), or slices of other arrays
+    (`gathered`: a shard's documents still in the parts they came from), copied straight
+    into each encoded chunk. A shard of long documents is then never gathered into one
+    array first, which cost a copy of every id, and the page clearing of that array, on
+    the thread that sorts the next shard."""
+
+    dtype = np.dtype(np.uint32)
+
+    def __init__(self, layout: "_SequenceLayout", lo: int = 0, hi: int | None = None):
+        self._layout = layout
         self._lo = lo
-        self._hi = ids.size if hi is None else hi
+        self._hi = layout.size if hi is None else hi
 
     @classmethod
     def of(cls, ids: np.ndarray, lengths: np.ndarray) -> "EncodedTokens":
-        """Lengths must be > 0."""
-        return cls(ids, np.cumsum(lengths) - lengths)
+        """Sequences end to end in `ids`; lengths must be > 0."""
+        return cls(_SequenceLayout(np.cumsum(lengths) - lengths, ids.size, (ids,)))
 
-    dtype = np.dtype(np.uint32)
+    @classmethod
+    def gathered(cls, sources: list[np.ndarray], source_of: np.ndarray, start_in_source: np.ndarray,
+                 lengths: np.ndarray) -> "EncodedTokens":
+        """Sequence i is `sources[source_of[i]][start_in_source[i]:][:lengths[i]]`; lengths > 0."""
+        return cls(_SequenceLayout(np.cumsum(lengths) - lengths, int(lengths.sum()), tuple(sources),
+                                   source_of, start_in_source))
 
     @property
     def size(self) -> int:
@@ -117,8 +129,8 @@ class EncodedTokens:
 
     @property
     def nbytes(self) -> int:
-        """What this view holds in memory (its ids and starts), not the size it encodes to."""
-        return self._ids.nbytes + self._starts.nbytes
+        """What this view holds in memory (its ids and layout), not the size it encodes to."""
+        return self._layout.nbytes
 
     def __len__(self) -> int:
         return self.size
@@ -127,19 +139,66 @@ class EncodedTokens:
         a, b, step = item.indices(self.size)
         if step != 1:
             raise IndexError("EncodedTokens takes contiguous slices only")
-        return EncodedTokens(self._ids, self._starts, self._lo + a, self._lo + max(a, b))
+        return EncodedTokens(self._layout, self._lo + a, self._lo + max(a, b))
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
-        tokens = self._ids[self._lo:self._hi].astype(np.uint32)  # a copy, shifted in place
+        tokens = self._layout.ids(self._lo, self._hi, np.uint32)  # a new array, shifted in place
         tokens <<= np.uint32(1)
-        first, last = np.searchsorted(self._starts, (self._lo, self._hi))
-        tokens[self._starts[first:last] - self._lo] |= np.uint32(1)
+        tokens[self._layout.starts_in(self._lo, self._hi) - self._lo] |= np.uint32(1)
         return tokens if dtype is None else tokens.astype(dtype, copy=False)
 
     def __reduce__(self):
-        # Only the viewed range crosses a runner's shuffle, not the whole shard.
-        first, last = np.searchsorted(self._starts, (self._lo, self._hi))
-        return EncodedTokens, (self._ids[self._lo:self._hi].copy(), self._starts[first:last] - self._lo)
+        # Only the viewed range crosses a runner's shuffle: its ids end to end, and where
+        # sequences start in it (a range may begin inside a sequence, without a start bit).
+        ids = self._layout.ids(self._lo, self._hi)
+        starts = self._layout.starts_in(self._lo, self._hi) - self._lo
+        return _range_of, (ids, starts)
+
+
+def _range_of(ids: np.ndarray, starts: np.ndarray) -> EncodedTokens:
+    return EncodedTokens(_SequenceLayout(starts, ids.size, (ids,)))
+
+
+class _SequenceLayout:
+    """Where the sequences of an EncodedTokens start, and where their ids are; shared by
+    every view of it. Sequence k covers [starts[k], starts[k+1]) of the concatenation (the
+    last one up to `size`); ids before starts[0] belong to a sequence begun elsewhere."""
+
+    def __init__(self, starts: np.ndarray, size: int, sources: tuple, source_of=None, start_in_source=None):
+        self.starts = starts  # int64, increasing
+        self.size = size
+        self.sources = sources
+        self.source_of = source_of  # None: sources[0] holds the concatenation itself
+        self.start_in_source = start_in_source
+
+    @property
+    def nbytes(self) -> int:
+        extra = 0 if self.source_of is None else self.source_of.nbytes + self.start_in_source.nbytes
+        return sum(s.nbytes for s in self.sources) + self.starts.nbytes + extra
+
+    def starts_in(self, lo: int, hi: int) -> np.ndarray:
+        """The positions in [lo, hi) where a sequence starts."""
+        first, last = np.searchsorted(self.starts, (lo, hi))
+        return self.starts[first:last]
+
+    def ids(self, lo: int, hi: int, dtype=None) -> np.ndarray:
+        """The ids at [lo, hi) of the concatenation, as a new array (of `dtype`, else theirs)."""
+        dtype = dtype or self.sources[0].dtype
+        if self.source_of is None:
+            return self.sources[0][lo:hi].astype(dtype)
+        out = np.empty(hi - lo, dtype=dtype)
+        first = max(int(np.searchsorted(self.starts, lo, side="right")) - 1, 0)
+        last = int(np.searchsorted(self.starts, hi))
+        ends = self.starts[first + 1:last + 1].tolist() + ([self.size] if last == self.starts.size else [])
+        at = lo
+        for start, end, source, begin in zip(self.starts[first:last].tolist(), ends,
+                                             self.source_of[first:last].tolist(),
+                                             self.start_in_source[first:last].tolist()):
+            end = min(end, hi)
+            begin += at - start
+            out[at - lo:end - lo] = self.sources[source][begin:begin + end - at]
+            at = end
+        return out
 
 
 @dataclass

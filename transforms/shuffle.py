@@ -19,6 +19,11 @@ from transforms.inputs import input_index
 from transforms.records import DistinctBatch, EncodedTokens, ShardPart, ShardSize, SortedShard, TokenizedBatch
 
 SPLITS = ("train", "validation")
+# Shards whose documents are at least this long on average are not gathered into one array
+# here: the writer copies each chunk's documents straight from the parts as it encodes the
+# chunk (records.EncodedTokens.gathered). That takes a Python step per document of a chunk,
+# cheap only when a chunk holds few documents (256 of these in a 256Ki-token chunk).
+GATHER_WHILE_WRITING_AVERAGE_LENGTH = 1024
 def groups_of(keys: np.ndarray):
     """(key, indices of its elements) for each distinct value of `keys`, in increasing order
     of key; the indices of one key in their original order."""
@@ -167,17 +172,22 @@ def sort_shard(keyed_parts) -> SortedShard:
     # Each part's ids are copied out of its spill file one part at a time, so that only one
     # file is mapped (and counted in the resident size) at once.
     part_ids = [p.ids() for p in parts]
-    if len(parts) == 1 or int(lengths.sum()) < SLICE_WHEN_AVERAGE_LENGTH * lengths.size:
+    average = int(lengths.sum()) / max(lengths.size, 1)
+    if average < SLICE_WHEN_AVERAGE_LENGTH:
         ids = part_ids[0] if len(parts) == 1 else np.concatenate(part_ids)
         del part_ids
-        ids = gather_segments(ids, lengths, order)
-    else:
-        # Long documents: slice them out of the parts directly (concatenating the parts first
-        # would copy every id once more).
-        part_of = np.repeat(np.arange(len(parts)), [p.lengths.size for p in parts])
-        start_in_part = np.concatenate([np.cumsum(p.lengths) - p.lengths for p in parts])
-        ids = np.concatenate([part_ids[i][a:a + n] for i, a, n in
-                              zip(part_of[order].tolist(), start_in_part[order].tolist(), sorted_lengths.tolist())])
+        return SortedShard(split, shard, sorted_lengths,
+                           EncodedTokens.of(gather_segments(ids, lengths, order), sorted_lengths))
+    part_of = np.repeat(np.arange(len(parts)), [p.lengths.size for p in parts])
+    start_in_part = np.concatenate([np.cumsum(p.lengths) - p.lengths for p in parts])
+    if average >= GATHER_WHILE_WRITING_AVERAGE_LENGTH:
+        # The writer copies each chunk's documents out of the parts as it encodes the chunk.
+        return SortedShard(split, shard, sorted_lengths,
+                           EncodedTokens.gathered(part_ids, part_of[order], start_in_part[order], sorted_lengths))
+    # Longer documents: slice them out of the parts directly (concatenating the parts first
+    # would copy every id once more).
+    ids = np.concatenate([part_ids[i][a:a + n] for i, a, n in
+                          zip(part_of[order].tolist(), start_in_part[order].tolist(), sorted_lengths.tolist())])
     return SortedShard(split, shard, sorted_lengths, EncodedTokens.of(ids, sorted_lengths))
 
 
