@@ -51,6 +51,7 @@ def main(argv=None) -> int:
         print(f"flat-tokens: error: unknown command {argv[0]!r}\n\n{usage()}", file=sys.stderr)
         return 2
     if argv[0] == "run":
+        prefetch.no_blas_threads()  # before numpy is imported
         prefetch.tokenizer_from_argv(argv[1:])  # loads while the run's modules are imported
         gc.disable()  # until the graph is built (pipeline.run._run)
     module = importlib.import_module(COMMANDS[argv[0]][0])

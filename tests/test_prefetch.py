@@ -2,6 +2,7 @@
 import hashlib
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -54,3 +55,25 @@ def test_concurrent_requests_build_a_tokenizer_once():
     for t in threads:
         t.join()
     assert len(builds) == 1 and len(got) == 4 and all(g is got[0] for g in got)
+
+
+@pytest.mark.parametrize("preset", [None, "4"])
+def test_the_command_line_runs_numpy_with_one_blas_thread_unless_told_otherwise(preset):
+    """numpy's OpenBLAS threads only spin in this pipeline, which never calls BLAS: both
+    entry points ask for one before numpy is imported, but a user's setting stands."""
+    import os
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    if preset:
+        env["OPENBLAS_NUM_THREADS"] = preset
+    probe = ("import os, sys; from pipeline import prefetch; prefetch.no_blas_threads(); import numpy; "
+             "print(os.environ['OPENBLAS_NUM_THREADS'], len(os.listdir('/proc/self/task')))")
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
+    setting, threads = out.stdout.split()
+    assert setting == (preset or "1")
+    if not preset:
+        assert threads == "1", "numpy started BLAS threads"
+    for entry in ("run.py", "cli.py"):
+        source = (Path(prefetch.__file__).parent / entry).read_text(encoding="utf-8")
+        assert source.index("prefetch.no_blas_threads()") < source.index("prefetch.tokenizer_from_argv(")
