@@ -254,6 +254,24 @@ def test_a_write_that_may_have_landed_after_a_takeover_blocks_every_commit(tmp_p
     assert not (tmp_path / "o.zarr" / ".zgroup").exists()
 
 
+def test_a_chunk_write_that_fails_on_the_pool_fails_the_bundle_after_the_claim_is_confirmed(tmp_path):
+    """A shard's chunks are written on a thread pool while the next shard is sorted: a write
+    that fails there must still fail its bundle (at the next shard or at finish_bundle),
+    and the claim is confirmed after whatever did land, so no receipt counts as written."""
+    a, shards, layout = small_job(tmp_path, "run-a")
+    list(CreateOutput(a, False, str(tmp_path / "rej")).process(None, layout))
+    (tmp_path / "o.zarr" / "train" / "encoded_tokens" / "0").mkdir()  # chunk 0's name is taken: its write fails
+    writing = WriteOwnedChunks(a)
+    writing.setup()
+    writing.start_bundle()
+    list(writing.process(shards[0], layout, True))  # returns at once: the writes run on the pool
+    with pytest.raises(OSError):
+        list(writing.process(shards[1], layout, True))  # ... and the first failure surfaces here
+    writing.start_bundle()  # the runner retries the bundle: the failed one's writes are settled
+    assert writing._pending is None
+    assert not [n for n in os.listdir(tmp_path / "o.zarr") if n.startswith(CONFLICT_PREFIX)]
+
+
 def test_a_dataset_committed_after_launch_is_not_deleted(tmp_path, small_input):
     """A run launched when the output was absent finds, at CreateOutput, a dataset another
     run committed meanwhile: even with --overwrite it stops and deletes nothing."""

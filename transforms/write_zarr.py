@@ -150,9 +150,9 @@ class WriteOwnedChunks(beam.DoFn):
         starts = (np.cumsum(shard.lengths) - shard.lengths).astype(np.uint64) + np.uint64(token_offset)
         pieces = ((TOKENS, token_offset, shard.tokens, split.tokens),
                   (SEQ_STARTS, seq_offset, starts, split.sequences + 1))
-        futures = []
-        yield from self._write(shard.split, pieces, futures)
+        futures = []  # tracked before the first write starts, so that even a failure midway is settled
         self._pending = (f"{shard.split} shard {shard.shard}'s chunks", futures)
+        yield from self._write(shard.split, pieces, futures)
 
     def finish_bundle(self):
         self._settle_pending()
