@@ -93,6 +93,9 @@ def split_and_shard(batch: TokenizedBatch | DistinctBatch, seed: int, validation
     doc = document_keys(batch, seed, validation_fraction, source_of_input)
     starts = np.cumsum(batch.lengths) - batch.lengths
     if spilled_to is not None and batch.lengths.size:
+        # Where documents start in the file travels with every part through the runner's
+        # group-by (which holds it several times over): 4 bytes per document, not 8.
+        starts = starts.astype(np.uint32 if batch.ids.size < 1 << 32 else np.int64)
         # Every document has a token (empty ones were dropped), so each reduces over its own.
         document_max = np.maximum.reduceat(batch.ids, starts)
     if sampling is None:

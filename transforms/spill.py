@@ -40,7 +40,7 @@ class SpilledDocuments:
     `path` (its length is the part's `lengths[i]`)."""
 
     path: str
-    starts: np.ndarray  # int64
+    starts: np.ndarray  # uint32 (int64 for a batch of 2**32 ids or more)
 
     def __eq__(self, other):
         return (isinstance(other, SpilledDocuments) and self.path == other.path
