@@ -6,9 +6,9 @@ three copies of the whole compressed shuffle at the peak, five and a half at 1.2
 (3.1 GB of a 3.3 GB peak; docs/performance.md). So on local runners each batch writes its
 ids to one file, as they are, and its shard parts carry only their documents' metadata and
 where each document starts in that file; a shard's sort copies each part's documents out
-of its (mapped) file. The ids are written uncompressed: LZ4 would save
-disk but cost more CPU than the page cache does. Writing the batch whole, instead of each
-part's ids gathered together, saves a copy of every id on the stage that tokenizes.
+of its (mapped) file. The ids are written uncompressed: LZ4 would save disk but cost more
+CPU than the page cache does. Writing the batch whole, instead of each part's ids
+gathered together, saves a copy of every id on the stage that tokenizes.
 
 Retries: a file's name is a pure function of its batch (input file key and first byte
 offset), its content a pure function of the batch's documents, and it is written under a
