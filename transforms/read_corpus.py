@@ -65,9 +65,7 @@ class ReadCorpus(beam.PTransform):
             readers.append(pbegin | "ReadParquet" >> ReadParquetDocuments(
                 self._row_groups, batch_documents=self._batch_documents,
                 storage_options=self._storage_options, progress_dir=self._progress_dir))
+        tags = ("documents", REJECTED, LINE_COUNTS, COUNTS)  # "documents": the main output
         if len(readers) == 1:  # one format: no Flatten (four transforms the runner would build and run)
-            return Corpus(*(readers[0][tag] for tag in ("documents", REJECTED, LINE_COUNTS, COUNTS)))
-        return Corpus(*(
-            tuple(r[tag] for r in readers) | f"Flatten_{tag}" >> beam.Flatten()
-            for tag in ("documents", REJECTED, LINE_COUNTS, COUNTS)  # "documents": the main output
-        ))
+            return Corpus(*(readers[0][tag] for tag in tags))
+        return Corpus(*(tuple(r[tag] for r in readers) | f"Flatten_{tag}" >> beam.Flatten() for tag in tags))

@@ -14,9 +14,9 @@ import numpy as np
 from transforms import mixture
 from transforms import shuffle_keys as keys
 from transforms import spill
-from transforms.segments import SLICE_WHEN_AVERAGE_LENGTH, gather_segments
 from transforms.inputs import input_index
 from transforms.records import DistinctBatch, EncodedTokens, ShardPart, ShardSize, SortedShard, TokenizedBatch
+from transforms.segments import SLICE_WHEN_AVERAGE_LENGTH, gather_segments, take_documents
 
 SPLITS = ("train", "validation")
 # Shards whose documents are at least this long on average are not gathered into one array
@@ -24,6 +24,8 @@ SPLITS = ("train", "validation")
 # chunk (records.EncodedTokens.gathered). That takes a Python step per document of a chunk,
 # cheap only when a chunk holds few documents (256 of these in a 256Ki-token chunk).
 GATHER_WHILE_WRITING_AVERAGE_LENGTH = 1024
+
+
 def groups_of(keys: np.ndarray):
     """(key, indices of its elements) for each distinct value of `keys`, in increasing order
     of key; the indices of one key in their original order."""
@@ -115,7 +117,7 @@ def split_and_shard(batch: TokenizedBatch | DistinctBatch, seed: int, validation
         placed = dict(order_hashes=order_hashes[members], salts=doc.ties[0][docs], offsets=doc.ties[1][docs],
                       lengths=batch.lengths[docs])
         if spilled_to is None:
-            part = ShardPart.of(**placed, ids=gather_segments(batch.ids, batch.lengths, docs))
+            part = ShardPart.of(**placed, ids=take_documents(batch.ids, starts[docs], batch.lengths[docs]))
         else:
             part = ShardPart(**placed, ids_dtype=batch.ids.dtype.name, max_token_id=int(document_max[docs].max()),
                              spilled=spill.SpilledDocuments(spilled_to, starts[docs]))
