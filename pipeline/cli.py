@@ -1,5 +1,4 @@
 """The `flat-tokens` console script: `flat-tokens run|verify|inspect ...`."""
-import gc
 import importlib
 import os
 import signal
@@ -51,9 +50,7 @@ def main(argv=None) -> int:
         print(f"flat-tokens: error: unknown command {argv[0]!r}\n\n{usage()}", file=sys.stderr)
         return 2
     if argv[0] == "run":
-        prefetch.no_blas_threads()  # before numpy is imported
-        prefetch.tokenizer_from_argv(argv[1:])  # loads while the run's modules are imported
-        gc.disable()  # until the graph is built (pipeline.run._run)
+        prefetch.head_start(argv[1:])  # before the run's modules (numpy, Beam) are imported
     module = importlib.import_module(COMMANDS[argv[0]][0])
     return module.main(argv[1:])
 

@@ -1,4 +1,5 @@
-"""A head start for the launcher: its tokenizer starts loading before Beam is imported.
+"""A head start for the launcher: its tokenizer starts loading before Beam is imported
+(and two process settings made before numpy and Beam are: see head_start).
 
 Importing Beam takes ~0.8 s of one core and parsing a GPT-2 tokenizer.json ~0.5 s more
 (fastokens, then HF tokenizers for the guard), which releases the GIL: started first, on
@@ -6,19 +7,25 @@ a background thread, the parsing overlaps the imports. Nothing depends on it: th
 asks the same per-process cache (transforms.tokenizer_backends), which waits for a load
 in progress or does it itself, and reports any error as usual.
 """
+import gc
 import os
 
-# numpy's OpenBLAS starts a thread per core when numpy is imported, and they spin a while
-# for work that never comes: the pipeline never calls BLAS. perf put ~1% of a 250 MB run's
-# CPU in `blas_thread_server`, taken from the imports it raced.
-BLAS_THREADS = {"OPENBLAS_NUM_THREADS": "1"}
+
+def head_start(argv: list[str]) -> None:
+    """What a `run` command line does first, before numpy or Beam is imported: one BLAS
+    thread, the tokenizer loading on a thread, and the collector off until the graph is
+    built (pipeline.run._run turns it back on)."""
+    no_blas_threads()
+    tokenizer_from_argv(argv)  # loads while Beam is imported
+    gc.disable()
 
 
 def no_blas_threads() -> None:
     """For the command line only, before numpy is imported: one BLAS thread, unless the
-    user chose otherwise."""
-    for name, value in BLAS_THREADS.items():
-        os.environ.setdefault(name, value)
+    user chose otherwise. numpy's OpenBLAS starts a thread per core when numpy is imported,
+    and they spin a while for work that never comes: the pipeline never calls BLAS. perf put
+    ~1% of a 250 MB run's CPU in `blas_thread_server`, taken from the imports it raced."""
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 
 def _last_value(argv: list[str], flag: str) -> str | None:

@@ -18,9 +18,7 @@ from pipeline import logs  # noqa: I001 (before apache_beam: it filters Beam's i
 from pipeline import prefetch
 
 if __name__ == "__main__":
-    prefetch.no_blas_threads()  # before numpy is imported
-    prefetch.tokenizer_from_argv(sys.argv[1:])  # loads while Beam is imported below
-    gc.disable()  # until the graph is built: see _run
+    prefetch.head_start(sys.argv[1:])  # before numpy and Beam are imported below
 
 import apache_beam as beam  # noqa: E402
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions, StandardOptions

@@ -60,7 +60,8 @@ def test_concurrent_requests_build_a_tokenizer_once():
 @pytest.mark.parametrize("preset", [None, "4"])
 def test_the_command_line_runs_numpy_with_one_blas_thread_unless_told_otherwise(preset):
     """numpy's OpenBLAS threads only spin in this pipeline, which never calls BLAS: both
-    entry points ask for one before numpy is imported, but a user's setting stands."""
+    entry points ask for one (prefetch.head_start) before numpy is imported, but a user's
+    setting stands."""
     import os
     import subprocess
     import sys
@@ -74,6 +75,8 @@ def test_the_command_line_runs_numpy_with_one_blas_thread_unless_told_otherwise(
     assert setting == (preset or "1")
     if not preset:
         assert threads == "1", "numpy started BLAS threads"
-    for entry in ("run.py", "cli.py"):
+    for entry, first_import in (("run.py", "import apache_beam"), ("cli.py", "importlib.import_module(")):
         source = (Path(prefetch.__file__).parent / entry).read_text(encoding="utf-8")
-        assert source.index("prefetch.no_blas_threads()") < source.index("prefetch.tokenizer_from_argv(")
+        assert source.index("prefetch.head_start(") < source.index(first_import)
+    head_start = prefetch.head_start.__code__.co_names
+    assert head_start.index("no_blas_threads") < head_start.index("tokenizer_from_argv")
