@@ -10,7 +10,7 @@ and `"complete": true`. Until then zarr cannot open `OUTPUT` as a group and
 import logging
 import os
 import posixpath
-from concurrent.futures import Future
+from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 
 import numcodecs
@@ -209,7 +209,9 @@ class ChunkWriter:
         """Writes `values` at [start, start + len(values)): whole chunks, or the array's last
         chunk up to the array's end. `values`: an array, or anything that slices into parts
         numpy can turn into arrays (records.EncodedTokens)."""
-        for written in self.submit(start, values):
+        submitted = self.submit(start, values)
+        wait(submitted)  # every chunk settled before any error is raised: none lands later
+        for written in submitted:
             written.result()
 
     def submit(self, start: int, values) -> list[Future]:
