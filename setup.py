@@ -6,7 +6,7 @@ every runtime dependency and nothing that only the tests need.
 import re
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import find_packages, setup
 
 VERSION = re.search(r'__version__ = "([^"]+)"', Path(__file__).with_name("pipeline").joinpath("__init__.py").read_text()).group(1)
 
@@ -15,7 +15,7 @@ setup(
     version=VERSION,
     description="Apache Beam pipeline: JSONL corpus -> globally shuffled, tokenized flat-tokens zarr dataset",
     python_requires=">=3.10",
-    packages=["pipeline", "transforms"],
+    packages=find_packages(include=["pipeline", "transforms", "transforms.*"]),
     include_package_data=True,
     package_data={"pipeline": ["sample/*.jsonl", "sample/tokenizer.json"]},
     install_requires=[
@@ -25,12 +25,12 @@ setup(
         "numcodecs>=0.15",
         "numpy>=1.26",
         # Exclusive creation (pipe_file(mode="create"): O_EXCL locally, ifGenerationMatch=0 on
-        # GCS) claims an output for one run (transforms/ownership.py): fsspec and gcsfs 2025.3+.
+        # GCS) claims an output for one run (transforms/write/ownership.py): fsspec and gcsfs 2025.3+.
         "fsspec>=2025.3",
         "gcsfs>=2025.3",
         # orjson parses JSON lines ~5x faster than json; json stays the reference semantics.
         "orjson>=3.9",
-        # .zst inputs are decompressed through zstandard (transforms/inputs.py: CheckedZstdReader).
+        # .zst inputs are decompressed through zstandard (transforms/read/inputs.py: CheckedZstdReader).
         "zstandard>=0.22",
         # --mixture files are YAML (Beam depends on PyYAML already; we import it ourselves).
         "pyyaml>=5.4",

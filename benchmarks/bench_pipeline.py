@@ -268,7 +268,7 @@ def stage_table(stats: dict, ours: tuple, total: float) -> list:
 
     main = cumtime(ours_named("pipeline/run.py", "main"))
     module = cumtime(ours_named("pipeline/run.py", "<module>"))
-    plan = cumtime(ours_named("pipeline/graph.py", "plan_job"))
+    plan = cumtime(ours_named("pipeline/plan.py", "plan_job"))
     build = cumtime(ours_named("pipeline/graph.py", "build_pipeline"))
     beam_run = cumtime(lambda f: f[0].endswith(os.path.join("apache_beam", "pipeline.py")) and f[2] == "run")
     stages = {k: 0.0 for k in STAGES}

@@ -33,7 +33,7 @@ import numpy as np
 from pipeline import VERSION
 from pipeline.reader import SPLITS, DatasetError, FlatTokensSplit, inputs_targets, open_dataset
 from pipeline.verify import _storage_option
-from transforms.mixture import source_table
+from transforms.read.mixture import source_table
 
 USAGE_ERROR = 2
 BAR_WIDTH = 40

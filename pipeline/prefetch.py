@@ -4,7 +4,7 @@
 Importing Beam takes ~0.8 s of one core and parsing a GPT-2 tokenizer.json ~0.5 s more
 (fastokens, then HF tokenizers for the guard), which releases the GIL: started first, on
 a background thread, the parsing overlaps the imports. Nothing depends on it: the run
-asks the same per-process cache (transforms.tokenizer_backends), which waits for a load
+asks the same per-process cache (transforms.tokenize.backends), which waits for a load
 in progress or does it itself, and reports any error as usual.
 """
 import gc
@@ -49,5 +49,5 @@ def tokenizer_from_argv(argv: list[str]):
             text = f.read()
     except (OSError, UnicodeDecodeError):
         return None
-    from transforms import tokenizer_backends
+    from transforms.tokenize import backends as tokenizer_backends
     return tokenizer_backends.prefetch(text, _last_value(argv, "--tokenizer_backend") or tokenizer_backends.AUTO)

@@ -25,14 +25,16 @@ from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOpt
 from fsspec.core import url_to_fs
 
 from pipeline import VERSION, allocator
-from pipeline.graph import build_pipeline, plan_job
+from pipeline.graph import build_pipeline
+from pipeline.plan import plan_job
 from pipeline.options import FlatTokensOptions, OptionError, ViewsMadeOnce, check_options, help_text, unknown_options
-from transforms import spill, zarr_store
-from transforms.inputs import InputError
-from transforms.mixture import source_table
-from transforms.ownership import refuse_overlaps
+from transforms.shuffle import spill
+from transforms.write import zarr_store
+from transforms.read.inputs import InputError
+from transforms.read.mixture import source_table
+from transforms.write.ownership import refuse_overlaps
 from transforms.progress import ProgressLogger
-from transforms.tokenize import TokenizerError
+from transforms.tokenize.tokenizer import TokenizerError
 
 USAGE_ERROR = 2
 PIPELINE_FAILED = 1

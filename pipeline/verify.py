@@ -37,8 +37,8 @@ import numpy as np
 import zarr
 
 from pipeline import VERSION
-from transforms.inputs import close_gcs_sessions_at_exit
-from transforms.ownership import CLAIM_PREFIX, conflicts
+from transforms.read.inputs import close_gcs_sessions_at_exit
+from transforms.write.ownership import CLAIM_PREFIX, conflicts
 
 # After `import zarr`, so gcsfs sessions on zarr's event loop close before zarr stops it.
 close_gcs_sessions_at_exit()
@@ -139,7 +139,7 @@ def open_root(url: str, storage_options: dict | None = None) -> zarr.Group | Non
 
 def check_conflicts(url: str, storage_options: dict | None = None) -> list[str]:
     """A conflict record means another run may have written into this output (see
-    transforms/ownership.py): its data cannot be trusted, whatever the arrays say."""
+    transforms/write/ownership.py): its data cannot be trusted, whatever the arrays say."""
     return [f"conflict record {name}: another run may have written into this output while it was being "
             f"written; rerun with --overwrite" for name in conflicts(url, storage_options)]
 

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 import zarr
 
-from transforms import zarr_store as store
-from transforms.write_zarr import _ArrayCache
-from transforms.zarr_store import SEQ_STARTS, TOKENS, ChunkWriter, StoreTarget, ZarrWriter
+from transforms.write import zarr_store as store
+from transforms.write.chunk_writers import _ArrayCache
+from transforms.write.zarr_store import SEQ_STARTS, TOKENS, ChunkWriter, StoreTarget, ZarrWriter
 
 TOKENS_LENGTH, SEQUENCES = 50, 9  # 50 tokens in 7-token chunks: the last chunk is partial
 

@@ -96,9 +96,9 @@ def test_a_closed_stdout_ends_every_command_quietly_like_a_unix_tool(tmp_path, c
 def test_progress_is_reported_within_a_range_and_in_full_when_it_ends(tmp_path):
     """One range of one file: bytes show as they are read, before any batch is complete, and
     the whole range shows as soon as it is read (it used to wait for the workers to stop)."""
-    from transforms.inputs import list_input_files, read_ranges
     from transforms.progress import read_totals
-    from transforms.read_jsonl import PROGRESS_BYTES, ReadRangeFn
+    from transforms.read.inputs import list_input_files, read_ranges
+    from transforms.read.jsonl_documents import PROGRESS_BYTES, ReadRangeFn
 
     path = tmp_path / "one.jsonl"
     no_text = (json.dumps({"body": "x" * 1000}) + "\n").encode()  # rejected lines: no document, no batch

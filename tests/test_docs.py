@@ -10,10 +10,10 @@ import zarr
 from pipeline import verify
 from pipeline.reader import FlatTokensSplit
 from tests.helpers import REPO
-from transforms.commit import CommitDataset
 from transforms.records import ShardSize, SortedShard
-from transforms.write_zarr import CreateOutput, LayOutShards, WriteFlatTokens
-from transforms.zarr_store import StoreTarget
+from transforms.write import CreateOutput, LayOutShards, WriteFlatTokens
+from transforms.write.commit import CommitDataset
+from transforms.write.zarr_store import StoreTarget
 
 FORMAT_PAGE = REPO / "docs" / "flat-tokens-format.md"
 

@@ -2,7 +2,7 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from transforms.document_batches import DocumentBatcher
+from transforms.read.document_batches import DocumentBatcher
 
 
 @given(texts=st.lists(st.text(max_size=30), max_size=60), batch_bytes=st.integers(1, 80),

@@ -5,7 +5,7 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from transforms import jsonl
+from transforms.read import jsonl
 
 
 def ranges_of(size, cuts):

@@ -4,7 +4,7 @@ from collections import Counter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from transforms.layout import block_count, block_span, lay_out, plan_region, prefix_offsets
+from transforms.write.layout import block_count, block_span, lay_out, plan_region, prefix_offsets
 
 
 def regions_from_sizes(sizes):

@@ -14,7 +14,7 @@ from tokenizers import Tokenizer
 
 from pipeline import verify
 from tests.helpers import SAMPLE, check_flat_tokens, run_pipeline, write_jsonl
-from transforms.mixture import MixtureError, load_mixture
+from transforms.read.mixture import MixtureError, load_mixture
 
 MULTI = ["--direct_num_workers=2", "--direct_running_mode=multi_processing"]
 
@@ -285,7 +285,7 @@ def test_multipliers_are_exact_whatever_the_float_weights(tmp_path):
     fractional max_epochs 2.5 must mean 2 copies plus a fair coin."""
     from fractions import Fraction
 
-    from transforms.mixture import parse_mixture, sampling_plan
+    from transforms.read.mixture import parse_mixture, sampling_plan
     mixture = parse_mixture("sources:\n  - {name: a, input: a, weight: 0.7, max_epochs: 3}\n"
                             "  - {name: b, input: b, weight: 0.3}\n", str(tmp_path / "m.yaml"))
     for tokens in ([1000, 10**9], [123457, 7], [3, 5]):

@@ -21,12 +21,13 @@ import zstandard
 from pipeline import verify
 from tests.gcs_emulator import BUCKET, gcs, gcs_corpus  # noqa: F401 - pytest fixtures
 from tests.helpers import REPO, check_flat_tokens, run_pipeline, write_jsonl
-from transforms import layout as plan
-from transforms.commit import CommitFn
-from transforms.ownership import CONFLICT_PREFIX, OutputError, OutputTaken
 from transforms.records import SortedShard
-from transforms.write_zarr import CreateOutput, WriteOwnedChunks
-from transforms.zarr_store import StoreTarget
+from transforms.write import layout as plan
+from transforms.write import CreateOutput
+from transforms.write.chunk_writers import WriteOwnedChunks
+from transforms.write.commit import CommitFn
+from transforms.write.ownership import CONFLICT_PREFIX, OutputError, OutputTaken
+from transforms.write.zarr_store import StoreTarget
 
 BYTES = ["--tokenizer", "bytes"]
 

@@ -16,8 +16,8 @@ from tests.conftest import sample_texts
 from tests.gcs_emulator import BUCKET, gcs  # noqa: F401 - pytest fixture
 from tests.helpers import check_flat_tokens, run_pipeline, write_jsonl
 from tests.wrong_backends import RARE_MARKER
-from transforms import parquet
-from transforms.inputs import list_input_files
+from transforms.read import parquet
+from transforms.read.inputs import list_input_files
 
 MULTI_PROCESS = ["--direct_num_workers=2", "--direct_running_mode=multi_processing"]
 COMMON = ["--seed", "3", "--validation_fraction", "0.1", "--max_rejected_fraction", "1"]

@@ -12,10 +12,10 @@ from tokenizers import Tokenizer, models, pre_tokenizers, processors
 
 from pipeline import verify
 from tests.helpers import check_flat_tokens, run_pipeline, write_jsonl
-from transforms.commit import CommitDataset
 from transforms.records import ShardSize, SortedShard
-from transforms.write_zarr import CreateOutput, LayOutShards, WriteFlatTokens
-from transforms.zarr_store import StoreTarget
+from transforms.write import CreateOutput, LayOutShards, WriteFlatTokens
+from transforms.write.commit import CommitDataset
+from transforms.write.zarr_store import StoreTarget
 
 MULTI = ["--direct_num_workers=2", "--direct_running_mode=multi_processing"]
 

@@ -8,7 +8,7 @@ import pytest
 
 from pipeline import prefetch
 from tests.helpers import SAMPLE
-from transforms import tokenizer_backends as backends
+from transforms.tokenize import backends
 
 
 def test_the_last_tokenizer_flag_is_the_one_prefetched(tmp_path):

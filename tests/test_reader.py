@@ -13,8 +13,7 @@ import pytest
 import zarr
 
 from pipeline import reader
-from pipeline.reader import (DatasetError, FlatTokensSplit, UncommittedDataset, inputs_targets,
-                             open_dataset)
+from pipeline.reader import DatasetError, FlatTokensSplit, UncommittedDataset, inputs_targets, open_dataset
 from tests.gcs_emulator import BUCKET, gcs  # noqa: F401 - pytest fixture
 from tests.helpers import CHECKER, REPO, SAMPLE, run_pipeline, write_jsonl
 

@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from pipeline.graph import build_pipeline, plan_job
+from pipeline.graph import build_pipeline
 from pipeline.options import FlatTokensOptions
+from pipeline.plan import plan_job
 from tests.helpers import SAMPLE
 from transforms.records import DocumentBatch, RecordCoder, ShardPart, SortedShard, TokenizedBatch
 

@@ -11,11 +11,12 @@ import numpy as np
 
 from pipeline import verify
 from tests.helpers import REPO, check_flat_tokens, run_pipeline, write_jsonl
-from transforms import layout as plan
-from transforms.commit import CommitFn
 from transforms.records import SortedShard
-from transforms.write_zarr import CreateOutput, WriteEndMarkers, WriteOwnedChunks, WriteSharedChunks
-from transforms.zarr_store import StoreTarget
+from transforms.write import layout as plan
+from transforms.write import CreateOutput
+from transforms.write.chunk_writers import WriteEndMarkers, WriteOwnedChunks, WriteSharedChunks
+from transforms.write.commit import CommitFn
+from transforms.write.zarr_store import StoreTarget
 
 
 def tree_digest(path):
@@ -57,7 +58,7 @@ def test_sigkill_at_any_moment_never_leaves_a_mixed_dataset_and_a_rerun_matches(
     texts = [f"document {i} " + "words and more words " * (i % 17) for i in range(3000)]
     for i in range(3):
         write_jsonl(tmp_path / "in" / f"part-{i}.jsonl", texts[i::3])
-    temp = tmp_path / "temp"  # where a local run spills its tokenized batches (transforms/spill.py)
+    temp = tmp_path / "temp"  # where a local run spills its tokenized batches (transforms/shuffle/spill.py)
     temp.mkdir()
     args = ["--input", tmp_path / "in", "--tokenizer", "bytes", "--num_shards", "6", "--tokens_chunk_size", "256",
             "--seq_starts_chunk_size", "64", "--batch_documents", "50", "--temp_location", temp]

@@ -16,9 +16,9 @@ DirectRunner tests in test_pipeline.py.
 """
 import json
 import os
+import shutil
 import subprocess
 import sys
-import shutil
 import tarfile
 import types
 from pathlib import Path
@@ -167,12 +167,12 @@ def installed(tmp_path_factory, sdist):
 def test_sdist_ships_the_code_and_the_sample_data(sdist):
     with tarfile.open(sdist) as tar:
         names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
-    for module in ("pipeline/run.py", "pipeline/cli.py", "pipeline/verify.py", "transforms/write_zarr.py"):
+    for module in ("pipeline/run.py", "pipeline/cli.py", "pipeline/verify.py", "transforms/write/chunk_writers.py"):
         assert module in names, module
     for path in (REPO / "pipeline").glob("*.py"):
         assert f"pipeline/{path.name}" in names, path.name
-    for path in (REPO / "transforms").glob("*.py"):
-        assert f"transforms/{path.name}" in names, path.name
+    for path in (REPO / "transforms").rglob("*.py"):
+        assert path.relative_to(REPO).as_posix() in names, path
     assert {"pipeline/sample/corpus-1.jsonl", "pipeline/sample/corpus-2.jsonl"} <= names
     assert "pipeline/sample/tokenizer.json" in names
 

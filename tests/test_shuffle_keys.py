@@ -3,30 +3,30 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from transforms import shuffle_keys as keys
+from transforms import hashing
 from transforms.segments import gather_segments, take_documents
 
 
 def test_hashes_depend_on_seed_file_and_offset_only():
     offsets = np.arange(0, 10_000, 37, dtype=np.uint64)
-    a = keys.place_hashes(keys.file_salt(0, keys.ORDER, "0:a.jsonl"), offsets)
-    assert np.array_equal(a, keys.place_hashes(keys.file_salt(0, keys.ORDER, "0:a.jsonl"), offsets))
+    a = hashing.place_hashes(hashing.file_salt(0, hashing.ORDER, "0:a.jsonl"), offsets)
+    assert np.array_equal(a, hashing.place_hashes(hashing.file_salt(0, hashing.ORDER, "0:a.jsonl"), offsets))
     assert len(np.unique(a)) == len(a)
-    for other in (keys.file_salt(1, keys.ORDER, "0:a.jsonl"), keys.file_salt(0, keys.ORDER, "0:b.jsonl"),
-                  keys.file_salt(0, keys.SPLIT, "0:a.jsonl")):
-        assert not np.array_equal(a, keys.place_hashes(other, offsets))
+    for other in (hashing.file_salt(1, hashing.ORDER, "0:a.jsonl"), hashing.file_salt(0, hashing.ORDER, "0:b.jsonl"),
+                  hashing.file_salt(0, hashing.SPLIT, "0:a.jsonl")):
+        assert not np.array_equal(a, hashing.place_hashes(other, offsets))
 
 
 def test_order_is_uniform():
     """Ranks of consecutive offsets after sorting look like a random permutation."""
     n = 20_000
     offsets = np.arange(n, dtype=np.uint64) * np.uint64(100)
-    h = keys.place_hashes(keys.file_salt(7, keys.ORDER, "0:x"), offsets)
-    order = keys.shuffled_order(h, np.zeros(n, np.uint64), offsets)
+    h = hashing.place_hashes(hashing.file_salt(7, hashing.ORDER, "0:x"), offsets)
+    order = hashing.shuffled_order(h, np.zeros(n, np.uint64), offsets)
     rho = np.corrcoef(np.arange(n), order)[0, 1]
     assert abs(rho) < 4 / np.sqrt(n)
     # Each of 16 hash-range shards receives about n/16 documents (chi-square, 15 dof).
-    counts = np.bincount(keys.shard_of(h, 16), minlength=16)
+    counts = np.bincount(hashing.shard_of(h, 16), minlength=16)
     chi2 = ((counts - n / 16) ** 2 / (n / 16)).sum()
     assert chi2 < 40, counts
 
@@ -35,20 +35,20 @@ def test_order_is_uniform():
 @given(n=st.integers(1, 300), shards=st.integers(1, 50), seed=st.integers(0, 2**32))
 def test_shards_are_hash_ranges_so_concatenation_is_the_global_order(n, shards, seed):
     offsets = np.arange(n, dtype=np.uint64)
-    h = keys.place_hashes(keys.file_salt(seed, keys.ORDER, "0:f"), offsets)
-    shard = keys.shard_of(h, shards)
+    h = hashing.place_hashes(hashing.file_salt(seed, hashing.ORDER, "0:f"), offsets)
+    shard = hashing.shard_of(h, shards)
     assert shard.min() >= 0 and shard.max() < shards
     salts = np.zeros(n, np.uint64)
-    global_order = keys.shuffled_order(h, salts, offsets)
-    by_shard = np.concatenate([idx[keys.shuffled_order(h[idx], salts[idx], offsets[idx])]
+    global_order = hashing.shuffled_order(h, salts, offsets)
+    by_shard = np.concatenate([idx[hashing.shuffled_order(h[idx], salts[idx], offsets[idx])]
                                for s in range(shards) for idx in [np.flatnonzero(shard == s)]])
     assert np.array_equal(global_order, by_shard)
 
 
 def test_below_fraction_takes_the_requested_fraction():
-    h = keys.place_hashes(keys.file_salt(0, keys.SPLIT, "0:f"), np.arange(100_000, dtype=np.uint64))
-    assert abs(keys.below_fraction(h, 0.1).mean() - 0.1) < 0.005
-    assert not keys.below_fraction(h, 0.0).any()
+    h = hashing.place_hashes(hashing.file_salt(0, hashing.SPLIT, "0:f"), np.arange(100_000, dtype=np.uint64))
+    assert abs(hashing.below_fraction(h, 0.1).mean() - 0.1) < 0.005
+    assert not hashing.below_fraction(h, 0.0).any()
 
 
 @given(lengths=st.lists(st.integers(0, 200), max_size=30), block=st.sampled_from([1, 7, 1 << 22]), data=st.data())
@@ -84,7 +84,7 @@ def test_shard_parts_carry_every_document_whole_and_sorted_shards_encode_start_b
     whose ids need 32 bits meet narrower ones in one shard; every document arrives once,
     whole, with exactly one start bit, and shards are in the global shuffled order."""
     from transforms.records import TokenizedBatch
-    from transforms.shuffle import sort_shard, split_and_shard
+    from transforms.shuffle.shuffle_globally import sort_shard, split_and_shard
     rng = np.random.default_rng(seed)
     documents, parts = {}, {}
     for b, (lengths, wide) in enumerate(batches):
@@ -121,6 +121,7 @@ def test_encoded_tokens_encode_any_range_as_the_whole_would_and_pickle_only_that
     ids lie end to end in one array or (`gathered`) scattered over several, as a shard's
     documents in the parts they came from."""
     import pickle
+
     from transforms.records import EncodedTokens
     ids = np.array(data.draw(st.lists(st.integers(0, 65_535), min_size=sum(lengths), max_size=sum(lengths))),
                    dtype=np.uint16)
@@ -158,8 +159,8 @@ def test_a_shard_of_long_documents_sorts_to_the_same_tokens_however_it_is_gather
     """Shards of documents averaging GATHER_WHILE_WRITING_AVERAGE_LENGTH tokens or more are
     left in their parts and gathered chunk by chunk as they are written; the tokens must be
     those of the same documents gathered up front, in the same order."""
-    from transforms import shuffle
     from transforms.records import TokenizedBatch
+    from transforms.shuffle import shuffle_globally as shuffle
     rng = np.random.default_rng(seed)
     parts = []
     for b in range(3):

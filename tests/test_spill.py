@@ -1,4 +1,4 @@
-"""Shard parts' ids spilled to local disk on local runners (transforms/spill.py)."""
+"""Shard parts' ids spilled to local disk on local runners (transforms/shuffle/spill.py)."""
 import hashlib
 import os
 import re
@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from tests.helpers import run_pipeline, write_jsonl
-from transforms import spill
 from transforms.records import TokenizedBatch
-from transforms.shuffle import KeyByShard, sort_shard, split_and_shard
+from transforms.shuffle import spill
+from transforms.shuffle.shuffle_globally import KeyByShard, sort_shard, split_and_shard
 
 NUM_SHARDS = {"train": 3, "validation": 2}
 

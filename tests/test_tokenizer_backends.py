@@ -3,7 +3,7 @@ import numpy as np
 
 from tests.helpers import check_flat_tokens, run_pipeline, write_jsonl
 from tests.wrong_backends import RARE_MARKER
-from transforms import tokenizer_backends as backends
+from transforms.tokenize import backends
 
 
 def test_fastokens_agrees_with_hf_on_tricky_strings_and_real_text(bpe_tokenizer, corpus):
@@ -51,9 +51,10 @@ def test_the_run_time_guard_fails_the_job_on_a_rare_disagreement(tmp_path, bpe_t
               "--tokenizer_backend", "tests.wrong_backends:wrong_on_rare_documents"]
     # Unchecked, the wrong ids would land in the dataset: the independent checker sees it.
     run_pipeline(*common, "--output", tmp_path / "unchecked.zarr", "--tokenizer_check_fraction", "0")
-    from tests.helpers import CHECKER
     import subprocess
     import sys
+
+    from tests.helpers import CHECKER
     proc = subprocess.run([sys.executable, str(CHECKER), str(tmp_path / "unchecked.zarr"), "--input",
                            str(tmp_path / "in.jsonl"), "--tokenizer", str(bpe_tokenizer)], capture_output=True, text=True)
     assert proc.returncode == 1 and "1 missing, 1 unexpected" in proc.stdout

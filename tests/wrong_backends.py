@@ -2,7 +2,7 @@
 to show that the guard catches a backend that disagrees with HF tokenizers."""
 import numpy as np
 
-from transforms.tokenizer_backends import make_encoder
+from transforms.tokenize.backends import make_encoder
 
 RARE_MARKER = "zebra-marker-7"
 

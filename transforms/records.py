@@ -10,6 +10,9 @@ import apache_beam as beam
 import numcodecs
 import numpy as np
 
+# The two splits of a dataset, in the order every stage numbers them.
+SPLITS = ("train", "validation")
+
 
 @dataclass
 class DocumentBatch:
@@ -57,7 +60,7 @@ class ShardPart:
     Its ids are in exactly one of three places: in memory as made (`raw_ids`); packed with
     LZ4 once the part is pickled to cross a runner's shuffle (`packed_ids`, see
     __getstate__); or, on local runners, in its batch's file of ids, among the batch's other
-    documents (`spilled`, transforms/spill.py), where LZ4 would cost more CPU (0.5 s per 95M
+    documents (`spilled`, transforms/shuffle/spill.py), where LZ4 would cost more CPU (0.5 s per 95M
     ids) than it saves."""
 
     order_hashes: np.ndarray  # uint64
@@ -68,7 +71,7 @@ class ShardPart:
     max_token_id: int  # measured when made, so sizing a part needs no ids
     raw_ids: np.ndarray | None = None  # token ids of the documents, concatenated
     packed_ids: bytes | None = None
-    spilled: "SpilledDocuments | None" = None  # noqa: F821 (transforms.spill.SpilledDocuments)
+    spilled: "SpilledDocuments | None" = None  # noqa: F821 (transforms.shuffle.spill.SpilledDocuments)
 
     @classmethod
     def of(cls, order_hashes, salts, offsets, lengths, ids: np.ndarray) -> "ShardPart":

@@ -1,4 +1,5 @@
-"""Flat arrays of concatenated documents: copying some of their documents out, in order.
+"""Flat arrays of concatenated documents: copying some of their documents out, in order, and
+grouping elements by key.
 
 Token ids travel as one flat array per batch, part or shard, each document's length beside
 it. Taking documents out of such an array is the shuffle's main copy, so it has two ways:
@@ -39,3 +40,13 @@ def gather_segments(tokens: np.ndarray, lengths: np.ndarray, order: np.ndarray,
     in `order`."""
     starts = np.cumsum(lengths) - lengths
     return take_documents(tokens, starts[order], lengths[order], block_tokens)
+
+
+def groups_of(keys: np.ndarray):
+    """(key, indices of its elements) for each distinct value of `keys`, in increasing order
+    of key; the indices of one key in their original order."""
+    order = np.argsort(keys, kind="stable")
+    bounds = np.flatnonzero(np.diff(keys[order])) + 1
+    for members in np.split(order, bounds):
+        if members.size:
+            yield keys[members[0]], members

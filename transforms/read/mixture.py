@@ -35,7 +35,7 @@ from fractions import Fraction
 
 import fsspec
 
-from transforms.inputs import InputError
+from transforms.read.inputs import InputError
 
 SOURCE_KEYS = ("name", "input", "validation_input", "weight", "max_epochs", "text_key")
 MIXTURE_KEYS = ("sources",)
@@ -221,7 +221,7 @@ def sampling_plan(mixture: Mixture, train_tokens: list[int]) -> tuple[Fraction, 
 
 
 # ---------------------------------------------------------------------------------------------
-# Counts per source: keys of the job's count dicts (transforms.commit.SumCounts)
+# Counts per source: keys of the job's count dicts (transforms.write.commit.SumCounts)
 
 DOCUMENTS = "documents"  # documents read (empty ones included)
 EMPTY = "empty"  # documents that tokenized to nothing

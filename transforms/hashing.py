@@ -1,4 +1,7 @@
-"""Where each document goes: a seeded, uniform, reproducible permutation, as pure functions.
+"""Seeded hashes of a document's place or content: every choice the job makes about a document
+(which ones the tokenizer guard re-checks, its split, its place in the shuffle, its shard, a
+mixture's extra copies) is one of these pure functions, so it is the same on any runner.
+The central one is where each document goes: a seeded, uniform, reproducible permutation.
 
 A document's position in the output is decided by a 64-bit hash of its *place* in the
 input (the input's index on the command line, its file name relative to the input root,
@@ -21,7 +24,7 @@ _MUL2 = np.uint64(0x94D049BB133111EB)
 # Purposes keep the order hash, the split hash and the sample hash independent of each other.
 ORDER = "order"
 SPLIT = "split"
-SAMPLE = "sample"  # a mixture's extra copy of a document (transforms.mixture)
+SAMPLE = "sample"  # a mixture's extra copy of a document (transforms.read.mixture)
 
 
 def file_salt(seed: int, purpose: str, file_key: str) -> np.uint64:

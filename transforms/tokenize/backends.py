@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from transforms import shuffle_keys
+from transforms import hashing
 
 HF = "hf"
 FASTOKENS = "fastokens"
@@ -228,5 +228,5 @@ def choose_backend(requested: str, json_text: str, first_documents: list[str]) -
 def guard_sample(file_key: str, offsets: np.ndarray, fraction: float) -> np.ndarray:
     """The documents re-encoded with the reference while the job runs: a hash of each
     document's place below `fraction` of the hash range (deterministic, seed-independent)."""
-    salt = shuffle_keys.file_salt(0, "tokenizer-guard", file_key)
-    return shuffle_keys.below_fraction(shuffle_keys.place_hashes(salt, offsets), fraction)
+    salt = hashing.file_salt(0, "tokenizer-guard", file_key)
+    return hashing.below_fraction(hashing.place_hashes(salt, offsets), fraction)

@@ -18,61 +18,11 @@ from concurrent.futures import ThreadPoolExecutor, wait
 import apache_beam as beam
 import numpy as np
 
-from transforms import layout as plan
-from transforms import ownership
-from transforms import rejected
-from transforms import zarr_store as store
-from transforms.records import ShardSize, SortedShard
-from transforms.zarr_store import SEQ_STARTS, SPLITS, TOKENS, StoreTarget
-
-
-class LayOutShards(beam.CombineFn):
-    """ShardSizes -> {split: SplitLayout}: the global prefix sum of shard sizes."""
-
-    @staticmethod
-    def _add(acc, key, tokens: int, sequences: int, max_id: int):
-        t, n, m = acc.get(key, (0, 0, -1))
-        acc[key] = (t + tokens, n + sequences, max(m, max_id))
-
-    def create_accumulator(self):
-        return {}
-
-    def add_input(self, acc, size: ShardSize):
-        self._add(acc, (size.split, size.shard), size.tokens, size.sequences, size.max_token_id)
-        return acc
-
-    def merge_accumulators(self, accs):
-        merged = {}
-        for acc in accs:
-            for key, value in acc.items():
-                self._add(merged, key, *value)
-        return merged
-
-    def extract_output(self, acc):
-        return plan.lay_out(acc, SPLITS)
-
-
-class CreateOutput(beam.DoFn):
-    """Runs once: claims the output for this run and removes what it replaces (or refuses:
-    see transforms/ownership.py), clears the replaced runs' rejected-line reports, and
-    creates both splits' arrays at their final shapes.
-
-    `expected_owner`: the (claim generation, run id) the launcher found at the output."""
-
-    def __init__(self, target: StoreTarget, overwrite: bool, rejected_url: str, expected_owner: tuple = (0, "")):
-        self._target = target
-        self._overwrite = overwrite
-        self._rejected_url = rejected_url
-        self._expected_owner = tuple(expected_owner)
-
-    def process(self, _, layout):
-        replaced = store.prepare_output(self._target, self._overwrite, self._expected_owner)
-        rejected.clear_reports(self._rejected_url, replaced, self._target.storage_options)
-        for split in SPLITS:
-            store.create_split(self._target, split, layout[split].tokens, layout[split].sequences)
-        ownership.check_owner(self._target.url, self._target.run_id, self._target.storage_options,
-                              doing="creating its arrays")
-        yield True
+from transforms.records import SortedShard
+from transforms.write import layout as plan
+from transforms.write import ownership
+from transforms.write import zarr_store as store
+from transforms.write.zarr_store import SEQ_STARTS, SPLITS, TOKENS, StoreTarget
 
 
 class _ArrayCache:

@@ -1,4 +1,5 @@
-"""Where each shard's data lands, and who writes each zarr chunk: pure planning functions.
+"""Where each shard's data lands, and who writes each zarr chunk: pure planning functions,
+and LayOutShards, the global combine that applies them to the shard sizes.
 
 Shards are written in parallel into one array per split. Two writers touching the same
 zarr chunk race on read-modify-write and silently lose data (measured: ~99% of trials with
@@ -12,6 +13,10 @@ With zarr v3 sharding the unit of ownership is the shard object, not the inner c
 callers pass the write-block size (chunk, or shard when sharded) as `block`.
 """
 from dataclasses import dataclass
+
+import apache_beam as beam
+
+from transforms.records import SPLITS, ShardSize
 
 
 @dataclass(frozen=True)
@@ -95,3 +100,34 @@ def lay_out(sizes: dict, splits: tuple[str, ...]) -> dict[str, SplitLayout]:
             shards={shard: (*offset, *count) for shard, offset, count in zip(shards, offsets, counts)},
         )
     return layout
+
+
+class LayOutShards(beam.CombineFn):
+    """ShardSizes -> {split: SplitLayout}: the global prefix sum of shard sizes."""
+
+    @staticmethod
+    def _add(acc, key, tokens: int, sequences: int, max_id: int):
+        t, n, m = acc.get(key, (0, 0, -1))
+        acc[key] = (t + tokens, n + sequences, max(m, max_id))
+
+    @staticmethod
+    def no_shards() -> dict[str, SplitLayout]:
+        """The layout of an input without documents: empty splits."""
+        return lay_out({}, SPLITS)
+
+    def create_accumulator(self):
+        return {}
+
+    def add_input(self, acc, size: ShardSize):
+        self._add(acc, (size.split, size.shard), size.tokens, size.sequences, size.max_token_id)
+        return acc
+
+    def merge_accumulators(self, accs):
+        merged = {}
+        for acc in accs:
+            for key, value in acc.items():
+                self._add(merged, key, *value)
+        return merged
+
+    def extract_output(self, acc):
+        return lay_out(acc, SPLITS)

@@ -8,10 +8,10 @@ from collections import Counter
 
 import apache_beam as beam
 
-from transforms import parquet
-from transforms.document_batches import ReadIntoBatchesFn
-from transforms.parquet import RowGroup, open_parquet
-from transforms.read_jsonl import COUNTS, LINE_COUNTS, REJECTED
+from transforms.read import parquet
+from transforms.read.document_batches import ReadIntoBatchesFn
+from transforms.read.jsonl_documents import COUNTS, LINE_COUNTS, REJECTED
+from transforms.read.parquet import RowGroup, open_parquet
 from transforms.records import DocumentBatch
 
 

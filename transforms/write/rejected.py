@@ -20,8 +20,8 @@ from collections import defaultdict
 import apache_beam as beam
 from fsspec.core import url_to_fs
 
-from transforms import jsonl
-from transforms.inputs import close_gcs_sessions_at_exit
+from transforms.read import jsonl
+from transforms.read.inputs import close_gcs_sessions_at_exit
 
 close_gcs_sessions_at_exit()
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from transforms.inputs import PARQUET, InputError, InputFile, open_input
-from transforms.jsonl import INVALID_UTF8, TEXT_NOT_A_STRING
+from transforms.read.inputs import PARQUET, InputError, InputFile, open_input
+from transforms.read.jsonl import INVALID_UTF8, TEXT_NOT_A_STRING
 
 # Reasons a row is rejected: jsonl's TEXT_NOT_A_STRING and INVALID_UTF8 (which mean the same
 # for a row as for a line), and NULL_TEXT. JSONL's `{"text": null}` stays text_not_a_string.

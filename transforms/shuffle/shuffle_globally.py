@@ -1,9 +1,9 @@
 """ShuffleGlobally: tokenized batches -> shards of documents in their final, shuffled order.
 
 Three steps, as in TFDS's Beam writer: key every document by a salted hash of its place
-in the input (transforms.shuffle_keys), group documents by the hash range (shard) they
+in the input (transforms.hashing), group documents by the hash range (shard) they
 fall into, and sort each shard by hash. The shard sizes are known before the group-by,
-so offsets can be laid out while the shuffle runs (see transforms.write_zarr).
+so offsets can be laid out while the shuffle runs (see transforms.write.chunk_writers).
 """
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -11,29 +11,18 @@ from dataclasses import dataclass
 import apache_beam as beam
 import numpy as np
 
-from transforms import mixture
-from transforms import shuffle_keys as keys
-from transforms import spill
-from transforms.inputs import input_index
-from transforms.records import DistinctBatch, EncodedTokens, ShardPart, ShardSize, SortedShard, TokenizedBatch
-from transforms.segments import SLICE_WHEN_AVERAGE_LENGTH, gather_segments, take_documents
+from transforms import hashing
+from transforms.read import mixture
+from transforms.read.inputs import input_index
+from transforms.records import SPLITS, DistinctBatch, EncodedTokens, ShardPart, ShardSize, SortedShard, TokenizedBatch
+from transforms.segments import SLICE_WHEN_AVERAGE_LENGTH, gather_segments, groups_of, take_documents
+from transforms.shuffle import spill
 
-SPLITS = ("train", "validation")
 # Shards whose documents are at least this long on average are not gathered into one array
 # here: the writer copies each chunk's documents straight from the parts as it encodes the
 # chunk (records.EncodedTokens.gathered). That takes a Python step per document of a chunk,
 # cheap only when a chunk holds few documents (256 of these in a 256Ki-token chunk).
 GATHER_WHILE_WRITING_AVERAGE_LENGTH = 1024
-
-
-def groups_of(keys: np.ndarray):
-    """(key, indices of its elements) for each distinct value of `keys`, in increasing order
-    of key; the indices of one key in their original order."""
-    order = np.argsort(keys, kind="stable")
-    bounds = np.flatnonzero(np.diff(keys[order])) + 1
-    for members in np.split(order, bounds):
-        if members.size:
-            yield keys[members[0]], members
 
 
 @dataclass
@@ -54,23 +43,23 @@ def document_keys(batch: TokenizedBatch | DistinctBatch, seed: int, validation_f
     if isinstance(batch, DistinctBatch):
         return DocumentKeys(
             split=batch.splits.astype(np.int64),
-            order=keys.content_hashes(keys.content_salt(seed, keys.ORDER), batch.digests),
+            order=hashing.content_hashes(hashing.content_salt(seed, hashing.ORDER), batch.digests),
             ties=(batch.digests[:, 0], batch.digests[:, 1]),
             sources=batch.sources,
-            sample=lambda: keys.content_hashes(keys.content_salt(seed, keys.SAMPLE), batch.digests))
-    order_salt = keys.file_salt(seed, keys.ORDER, batch.file_key)
+            sample=lambda: hashing.content_hashes(hashing.content_salt(seed, hashing.SAMPLE), batch.digests))
+    order_salt = hashing.file_salt(seed, hashing.ORDER, batch.file_key)
     if batch.split == "auto":
-        split_hashes = keys.place_hashes(keys.file_salt(seed, keys.SPLIT, batch.file_key), batch.offsets)
-        split_index = keys.below_fraction(split_hashes, validation_fraction).astype(np.int64)
+        split_hashes = hashing.place_hashes(hashing.file_salt(seed, hashing.SPLIT, batch.file_key), batch.offsets)
+        split_index = hashing.below_fraction(split_hashes, validation_fraction).astype(np.int64)
     else:
         split_index = np.full(batch.offsets.shape, SPLITS.index(batch.split), dtype=np.int64)
     source = source_of_input[input_index(batch.file_key)] if source_of_input else 0
     return DocumentKeys(
         split=split_index,
-        order=keys.place_hashes(order_salt, batch.offsets),
+        order=hashing.place_hashes(order_salt, batch.offsets),
         ties=(np.full(batch.offsets.shape, order_salt, dtype=np.uint64), batch.offsets),
         sources=np.full(batch.offsets.shape, source, dtype=np.int64),
-        sample=lambda: keys.place_hashes(keys.file_salt(seed, keys.SAMPLE, batch.file_key), batch.offsets))
+        sample=lambda: hashing.place_hashes(hashing.file_salt(seed, hashing.SAMPLE, batch.file_key), batch.offsets))
 
 
 def copies_of(doc: DocumentKeys, sampling) -> np.ndarray:
@@ -91,7 +80,7 @@ def split_and_shard(batch: TokenizedBatch | DistinctBatch, seed: int, validation
     (and with a mixture's `sampling`, their copies: each with its own place) hit.
 
     Each part carries its documents' ids, or with `spilled_to` (the file holding the batch's
-    ids: transforms.spill) where each of its documents starts in that file."""
+    ids: transforms.shuffle.spill) where each of its documents starts in that file."""
     doc = document_keys(batch, seed, validation_fraction, source_of_input)
     starts = np.cumsum(batch.lengths) - batch.lengths
     if spilled_to is not None and batch.lengths.size:
@@ -106,11 +95,11 @@ def split_and_shard(batch: TokenizedBatch | DistinctBatch, seed: int, validation
         counts = copies_of(doc, sampling)
         of_copy = np.repeat(np.arange(counts.size), counts)
         copy_index = np.arange(of_copy.size) - np.repeat(np.cumsum(counts) - counts, counts)
-        order_hashes = keys.copy_hashes(doc.order[of_copy], copy_index)
+        order_hashes = hashing.copy_hashes(doc.order[of_copy], copy_index)
     split_index = doc.split if of_copy is None else doc.split[of_copy]
     shards = np.where(split_index == 0,
-                      keys.shard_of(order_hashes, num_shards["train"]),
-                      keys.shard_of(order_hashes, num_shards["validation"]))
+                      hashing.shard_of(order_hashes, num_shards["train"]),
+                      hashing.shard_of(order_hashes, num_shards["validation"]))
     for g, members in groups_of((split_index << 32) | shards):
         g = int(g)
         docs = members if of_copy is None else of_copy[members]
@@ -172,7 +161,7 @@ def sort_shard(keyed_parts) -> SortedShard:
     salts = np.concatenate([p.salts for p in parts])
     offsets = np.concatenate([p.offsets for p in parts])
     lengths = np.concatenate([p.lengths for p in parts])
-    order = keys.shuffled_order(hashes, salts, offsets)
+    order = hashing.shuffled_order(hashes, salts, offsets)
     sorted_lengths = lengths[order]
     # Each part's ids are copied out of its spill file one part at a time, so that only one
     # file is mapped (and counted in the resident size) at once.
@@ -200,7 +189,7 @@ class KeyByShard(beam.DoFn):
     """TokenizedBatch (or DistinctBatch) -> ((split, shard), ShardPart) for each shard its
     documents (or, with a mixture's `sampling` side input, their copies) hit. With a spill
     directory (local runners) the parts' ids go to disk and only references to them travel
-    on (transforms/spill.py)."""
+    on (transforms/shuffle/spill.py)."""
 
     def __init__(self, seed: int, validation_fraction: float, num_shards: dict[str, int],
                  spill_dir: str | None = None):
@@ -228,7 +217,7 @@ def batch_identity(batch) -> tuple[str, int]:
 class ShuffleGlobally(beam.PTransform):
     """TokenizedBatches (or DistinctBatches) -> (SortedShards, ShardSizes). Each split's
     shards, concatenated in shard order, are that split's documents in a seeded uniformly
-    random order. With a mixture, `sampling` (a side input: transforms.mixture.sampling_plan)
+    random order. With a mixture, `sampling` (a side input: transforms.read.mixture.sampling_plan)
     says how many copies of each train document to make."""
 
     def __init__(self, seed: int, validation_fraction: float, num_shards: dict[str, int],

@@ -5,10 +5,9 @@ from dataclasses import dataclass
 
 import apache_beam as beam
 
-from transforms import jsonl
-from transforms.document_batches import ReadIntoBatchesFn
-from transforms.inputs import (COMPRESSED_DATA_ERRORS, InputError, ReadRange, corrupt_input_message,
-                              open_input)
+from transforms.read import jsonl
+from transforms.read.document_batches import ReadIntoBatchesFn
+from transforms.read.inputs import COMPRESSED_DATA_ERRORS, InputError, ReadRange, corrupt_input_message, open_input
 from transforms.records import DocumentBatch
 
 REJECTED = "rejected"

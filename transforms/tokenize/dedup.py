@@ -20,12 +20,11 @@ import hashlib
 import apache_beam as beam
 import numpy as np
 
-from transforms import mixture
-from transforms import shuffle_keys as keys
-from transforms.inputs import input_index
-from transforms.records import DedupPart, DistinctBatch, TokenizedBatch, narrowest_ids
-from transforms.segments import gather_segments
-from transforms.shuffle import SPLITS, groups_of
+from transforms import hashing
+from transforms.read import mixture
+from transforms.read.inputs import input_index
+from transforms.records import SPLITS, DedupPart, DistinctBatch, TokenizedBatch, narrowest_ids
+from transforms.segments import gather_segments, groups_of
 
 COUNTS = "counts"
 _AUTO = 2  # a vote that the content hash decides
@@ -43,8 +42,8 @@ def place_order(file_key: str) -> tuple[int, str]:
 
 def key_by_content(batch: TokenizedBatch, seed: int, num_shards: int):
     """Yields (shard, DedupPart) for each dedup shard that the batch's documents hit."""
-    hashes = keys.content_hashes(keys.content_salt(seed, keys.ORDER), batch.digests)
-    for shard, members in groups_of(keys.shard_of(hashes, num_shards)):
+    hashes = hashing.content_hashes(hashing.content_salt(seed, hashing.ORDER), batch.digests)
+    for shard, members in groups_of(hashing.shard_of(hashes, num_shards)):
         yield int(shard), DedupPart.of(
             batch.file_key, batch.split, batch.offsets[members], batch.digests[members], batch.lengths[members],
             gather_segments(batch.ids, batch.lengths, members))
@@ -75,8 +74,8 @@ def drop_duplicates(keyed_parts, seed: int, validation_fraction: float, source_o
     votes = np.repeat(np.array([_vote(p.split) for p in parts], dtype=np.int8), sizes)
     auto = votes == _AUTO
     if auto.any():
-        split_hashes = keys.content_hashes(keys.content_salt(seed, keys.SPLIT), digests[auto])
-        votes[auto] = keys.below_fraction(split_hashes, validation_fraction)
+        split_hashes = hashing.content_hashes(hashing.content_salt(seed, hashing.SPLIT), digests[auto])
+        votes[auto] = hashing.below_fraction(split_hashes, validation_fraction)
     splits = np.maximum.reduceat(votes[order], starts)  # validation when any copy says so
 
     if source_of_input is None:

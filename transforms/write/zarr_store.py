@@ -5,7 +5,7 @@ of its own store, so creating its arrays writes no metadata at `OUTPUT` itself. 
 group's metadata (`.zgroup`/`.zattrs`, or `zarr.json`) is written last, with the provenance
 and `"complete": true`. Until then zarr cannot open `OUTPUT` as a group and
 `pipeline.verify` reports an unfinished run. Before any of this, the run claims the output
-(`transforms/ownership.py`): only this tool's own output is ever replaced.
+(`transforms/write/ownership.py`): only this tool's own output is ever replaced.
 """
 import logging
 import os
@@ -18,9 +18,9 @@ import numpy as np
 import zarr
 from fsspec.core import url_to_fs
 
-from transforms import ownership
-from transforms.inputs import close_gcs_sessions_at_exit
-from transforms.ownership import OutputError, OutputTaken  # noqa: F401 - part of this module's API
+from transforms.read.inputs import close_gcs_sessions_at_exit
+from transforms.write import ownership
+from transforms.write.ownership import OutputError, OutputTaken  # noqa: F401 - part of this module's API
 
 # After `import zarr`: gcsfs sessions on zarr's event loop must close before zarr stops it.
 close_gcs_sessions_at_exit()
@@ -102,7 +102,7 @@ def _compressors(target: StoreTarget, dtype_size: int):
 
 def refuse_occupied(url: str, overwrite: bool, storage_options: dict | None = None) -> ownership.OutputState:
     """The launcher's check, before any data is read: what is at the output, or OutputError
-    when this run may not use it (see transforms/ownership.py for the rule)."""
+    when this run may not use it (see transforms/write/ownership.py for the rule)."""
     return ownership.refuse_for_run(url, overwrite, storage_options)
 
 

@@ -18,11 +18,11 @@ import apache_beam as beam
 import fsspec
 import numpy as np
 
-from transforms import tokenizer_backends as backends
-from transforms.dedup import content_digests
-from transforms.inputs import PARQUET, format_of
 from transforms.progress import ProgressFile
+from transforms.read.inputs import PARQUET, format_of
 from transforms.records import DocumentBatch, TokenizedBatch, narrowest_ids
+from transforms.tokenize import backends
+from transforms.tokenize.dedup import content_digests
 
 BYTES = "bytes"
 MAX_TOKEN_ID = 2**31 - 1

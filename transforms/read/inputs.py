@@ -153,7 +153,7 @@ def check_readable(files: list[InputFile], storage_options: dict | None = None, 
 
 def read_ranges(files: list[InputFile], range_bytes: int) -> list[ReadRange]:
     """Cuts uncompressed JSONL files into ranges of about `range_bytes`; compressed files stay
-    whole. Parquet files have no ranges: they are read by row group (transforms.parquet)."""
+    whole. Parquet files have no ranges: they are read by row group (transforms.read.parquet)."""
     ranges = []
     for f in files:
         if f.format != JSONL:

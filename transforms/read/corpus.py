@@ -1,19 +1,19 @@
 """ReadCorpus: every input, whatever its format, -> one stream of document batches and one
 account of the lines (JSONL) and rows (Parquet) that are not documents.
 
-JSONL files are read by byte range (transforms.read_jsonl), Parquet files by row group
-(transforms.read_parquet); each output of the two readers is flattened with its twin.
+JSONL files are read by byte range (transforms.read.jsonl_documents), Parquet files by row group
+(transforms.read.parquet_documents); each output of the two readers is flattened with its twin.
 """
 import contextlib
 from typing import NamedTuple
 
 import apache_beam as beam
 
-from transforms import jsonl, parquet, read_jsonl
-from transforms.inputs import PARQUET, ReadRange
-from transforms.parquet import RowGroup
-from transforms.read_jsonl import COUNTS, LINE_COUNTS, REJECTED, ReadJsonlDocuments
-from transforms.read_parquet import ReadParquetDocuments
+from transforms.read import jsonl, jsonl_documents, parquet
+from transforms.read.inputs import PARQUET, ReadRange
+from transforms.read.jsonl_documents import COUNTS, LINE_COUNTS, REJECTED, ReadJsonlDocuments
+from transforms.read.parquet import RowGroup
+from transforms.read.parquet_documents import ReadParquetDocuments
 
 
 class Corpus(NamedTuple):
@@ -23,10 +23,10 @@ class Corpus(NamedTuple):
     counts: beam.PCollection  # a Counter per range or row group
 
 
-def peek_input(files, count: int, text_key: str, storage_options: dict | None = None) -> read_jsonl.Peek:
+def peek_input(files, count: int, text_key: str, storage_options: dict | None = None) -> jsonl_documents.Peek:
     """The input's first documents, in file order, until `count` (for checks before the run),
-    and the keys of the first JSON objects that lack the text key (read_jsonl.check_text_key)."""
-    peek = read_jsonl.Peek([], [], jsonl.KeyCensus())
+    and the keys of the first JSON objects that lack the text key (jsonl_documents.check_text_key)."""
+    peek = jsonl_documents.Peek([], [], jsonl.KeyCensus())
     for f in files:
         if len(peek.texts) >= count:
             break
@@ -38,7 +38,7 @@ def peek_input(files, count: int, text_key: str, storage_options: dict | None = 
                     if len(peek.texts) >= count:
                         break
         else:
-            read_jsonl.peek_input([f], count - len(peek.texts), text_key, storage_options, peek)
+            jsonl_documents.peek_input([f], count - len(peek.texts), text_key, storage_options, peek)
     return peek
 
 

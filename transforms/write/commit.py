@@ -4,30 +4,10 @@ from collections import Counter
 
 import apache_beam as beam
 
-from transforms import layout as plan
-from transforms import mixture as mix
-from transforms import zarr_store as store
-from transforms.zarr_store import SEQ_STARTS, SPLITS, TOKENS, StoreTarget
-
-
-class SumCounts(beam.CombineFn):
-    """Dicts of counts -> their sum, key by key."""
-
-    def create_accumulator(self):
-        return Counter()
-
-    def add_input(self, acc, counts):
-        acc.update(counts)
-        return acc
-
-    def merge_accumulators(self, accs):
-        total = Counter()
-        for acc in accs:
-            total.update(acc)
-        return total
-
-    def extract_output(self, acc):
-        return dict(acc)
+from transforms.read import mixture as mix
+from transforms.write import layout as plan
+from transforms.write import zarr_store as store
+from transforms.write.zarr_store import SEQ_STARTS, SPLITS, TOKENS, StoreTarget
 
 
 def dataset_stats(counts: dict, layout: dict) -> dict:

@@ -1,0 +1,174 @@
+"""Planning a job: options -> a JobPlan, when the pipeline is built.
+
+Inputs are listed (globs expanded, Parquet footers read), the first documents peeked at
+and the tokenizer loaded and checked here, in the launcher, so that a bad option or input
+fails before any worker starts (exit 2). The plan is all the graph needs to be wired
+(pipeline/graph.py).
+"""
+import math
+import uuid
+from dataclasses import dataclass, field, replace
+
+from pipeline import __version__
+from pipeline.options import DEFAULT_SHARD_MB, FlatTokensOptions, validation_fraction
+from transforms.read import mixture as mix
+from transforms.read.corpus import peek_input
+from transforms.read.inputs import (JSONL, InputFile, ReadRange, check_no_overlap, check_readable, input_index,
+                                    list_input_files, read_ranges)
+from transforms.read.jsonl_documents import check_text_key
+from transforms.read.parquet import RowGroup, list_row_groups
+from transforms.tokenize.tokenizer import TokenizerInfo, resolve_tokenizer
+from transforms.write.zarr_store import StoreTarget
+
+# Compressed inputs are sized on storage; text is about this many times larger.
+COMPRESSION_RATIO_GUESS = 4
+# How many of the corpus's first documents a fast tokenizer backend must encode exactly
+# as HF tokenizers does before the run starts.
+GUARD_DOCUMENTS = 256
+
+
+@dataclass
+class JobPlan:
+    files: list[InputFile]
+    tokenizer: TokenizerInfo
+    target: StoreTarget
+    seed: int
+    validation_fraction: float
+    num_shards: dict
+    text_key: str
+    overwrite: bool
+    read_range_bytes: int
+    batch_documents: int
+    max_rejected_fraction: float
+    rejected_url: str
+    input_bytes: int = 0
+    progress_dir: str | None = None  # local runs only: where workers leave progress totals
+    expected_owner: tuple = (0, "")  # (claim generation, run id) the launcher found at the output
+    spill_dir: str | None = None  # local runs only: where shard parts' ids wait for the sort (transforms/shuffle/spill.py)
+    provenance: dict = field(default_factory=dict)
+    row_groups: list[RowGroup] = field(default_factory=list)  # of the Parquet files, from their footers
+    dedup_shards: int | None = None  # --dedup exact: shards of the dedup shuffle; None: no dedup
+    mixture: mix.Mixture | None = None
+    source_of_input: list[int] | None = None  # with a mixture: the source of each input index
+
+    def read_ranges(self) -> list[ReadRange]:
+        """The byte ranges of the JSONL files, each read by one worker."""
+        return read_ranges(self.files, self.read_range_bytes)
+
+
+def text_bytes_by_file(files: list[InputFile], row_groups: list[RowGroup] = ()) -> dict[str, int]:
+    """The text each file holds, estimated: JSONL files by their size (compressed ones times a
+    guess of the ratio), Parquet files by the uncompressed size of their text column."""
+    sizes = {f.key: f.size * (COMPRESSION_RATIO_GUESS if f.compression else 1) if f.format == JSONL else 0
+             for f in files}
+    for g in row_groups:
+        sizes[g.file.key] += g.text_bytes
+    return sizes
+
+
+def _text_bytes(files: list[InputFile], by_file: dict[str, int]) -> int:
+    return sum(by_file[f.key] for f in files)
+
+
+def auto_shards(text_bytes: float, shard_mb: int = DEFAULT_SHARD_MB) -> int:
+    return max(1, math.ceil(text_bytes / (shard_mb << 20)))
+
+
+@dataclass
+class _Inputs:
+    """The listed input files, which option and pattern listed each, and (with a mixture)
+    the source of each input index."""
+
+    train: list[InputFile]
+    validation: list[InputFile]
+    origins: list[str]
+    source_of_input: list[int] | None = None
+    mixture: mix.Mixture | None = None
+
+
+def _list_inputs(o: FlatTokensOptions, storage_options: dict) -> _Inputs:
+    if not o.mixture:
+        train = list_input_files(o.input, "auto" if not o.validation_input else "train",
+                                 storage_options=storage_options)
+        valid = list_input_files(o.validation_input or [], "validation", first_index=len(o.input),
+                                 option="--validation_input", storage_options=storage_options)
+        origins = [f"--input {p}" for p in o.input] + [f"--validation_input {p}" for p in o.validation_input or []]
+        return _Inputs(train, valid, origins)
+    mixture = mix.load_mixture(o.mixture, storage_options)
+    inputs = _Inputs([], [], [], [], mixture)
+    for index, source in enumerate(mixture.sources):
+        for patterns, split, files, field_name in (
+                (source.inputs, "train" if source.validation_inputs else "auto", inputs.train, "input"),
+                (source.validation_inputs, "validation", inputs.validation, "validation_input")):
+            option = f"--mixture source {source.name!r} {field_name}"
+            listed = list_input_files(list(patterns), split, first_index=len(inputs.origins), option=option,
+                                      storage_options=storage_options)
+            files += [replace(f, text_key=source.text_key) for f in listed]
+            inputs.origins += [f"{option} {p}" for p in patterns]
+            inputs.source_of_input += [index] * len(patterns)
+    return inputs
+
+
+def _train_text_bytes(inputs: _Inputs, fraction: float, by_file: dict[str, int]) -> float:
+    """The train split's text, estimated: with a mixture, T in bytes (see transforms.read.mixture)."""
+    def held(files):
+        return sum(by_file[f.key] * (1 - fraction if f.split == "auto" else 1) for f in files)
+    if inputs.mixture is None:
+        return held(inputs.train)
+    by_source = [held([f for f in inputs.train if inputs.source_of_input[input_index(f.key)] == i])
+                 for i in range(len(inputs.mixture.sources))]
+    return float(mix.train_total(inputs.mixture, by_source))
+
+
+def plan_job(o: FlatTokensOptions, storage_options: dict | None = None, run_id: str | None = None) -> JobPlan:
+    storage_options = storage_options or {}
+    inputs = _list_inputs(o, storage_options)
+    train_files, valid_files = inputs.train, inputs.validation
+    if o.dedup != "exact":
+        check_no_overlap(train_files + valid_files, lambda f: inputs.origins[input_index(f.key)])
+    check_readable(train_files + valid_files, storage_options)
+    row_groups = list_row_groups(train_files + valid_files, o.text_key, storage_options)
+    fraction = validation_fraction(o)
+    by_file = text_bytes_by_file(train_files + valid_files, row_groups)
+    train_bytes = _train_text_bytes(inputs, fraction, by_file)
+    all_bytes = _text_bytes(train_files + valid_files, by_file)
+    if o.num_shards:
+        num_shards = {"train": o.num_shards, "validation": o.num_shards}
+    else:
+        held_out = _text_bytes([f for f in train_files if f.split == "auto"], by_file) * fraction
+        num_shards = {"train": auto_shards(train_bytes),
+                      "validation": auto_shards(held_out + _text_bytes(valid_files, by_file))}
+    peek = peek_input(train_files + valid_files, GUARD_DOCUMENTS, o.text_key, storage_options)
+    check_text_key(peek, o.text_key)  # for every tokenizer: a wrong key would reject every line
+    tokenizer = resolve_tokenizer(o.tokenizer, storage_options, o.tokenizer_backend, peek.texts,
+                                  o.tokenizer_check_fraction)
+    target = StoreTarget(
+        url=o.output, zarr_format=o.zarr_format, tokens_chunk=o.tokens_chunk_size,
+        seq_starts_chunk=o.seq_starts_chunk_size, chunks_per_shard=o.chunks_per_shard or None,
+        codec=o.codec, run_id=run_id or uuid.uuid4().hex, storage_options=storage_options)
+    provenance = {
+        "tokenizer": tokenizer.provenance(),
+        "seed": o.seed,
+        "validation_fraction": fraction,
+        "inputs": list(o.input) if o.input else [p for s in inputs.mixture.sources for p in s.inputs],
+        "validation_inputs": list(o.validation_input or []) if o.input else
+        [p for s in inputs.mixture.sources for p in s.validation_inputs],
+        "text_key": o.text_key,
+        "input_files": len(train_files) + len(valid_files),
+        "dedup": o.dedup,
+        "package": {"name": "flat-tokens-beam", "version": __version__},
+        "run_id": target.run_id,
+        "rejected_output": rejected_output(o),
+    }
+    return JobPlan(
+        files=train_files + valid_files, tokenizer=tokenizer, target=target, seed=o.seed,
+        validation_fraction=fraction, num_shards=num_shards, text_key=o.text_key,
+        overwrite=o.overwrite, read_range_bytes=o.read_range_mb << 20, batch_documents=o.batch_documents,
+        max_rejected_fraction=o.max_rejected_fraction, rejected_url=rejected_output(o),
+        input_bytes=all_bytes, provenance=provenance, row_groups=row_groups,
+        dedup_shards=(o.num_shards or auto_shards(all_bytes)) if o.dedup == "exact" else None,
+        mixture=inputs.mixture, source_of_input=inputs.source_of_input)
+
+
+def rejected_output(o: FlatTokensOptions) -> str:
+    return o.rejected_output or o.output.rstrip("/") + ".rejected"
