@@ -8,7 +8,9 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 REPO = Path(__file__).resolve().parent.parent
-CHECKER = REPO.parent / "shared" / "tools" / "check_flat_tokens.py"
+# The tests' own format checker: independent of the pipeline and of `verify`, and inside the
+# repository, so the tests need nothing beside the clone.
+CHECKER = REPO / "tests" / "flat_tokens_checker.py"
 SAMPLE = REPO / "pipeline" / "sample"
 
 
@@ -42,7 +44,7 @@ def run_pipeline(*args, check: bool = True, env=None, timeout: int = 600) -> sub
 
 
 def check_flat_tokens(*args) -> subprocess.CompletedProcess:
-    """Runs the independent checker from ../shared/tools; asserts it says OK."""
+    """Runs the independent checker (tests/flat_tokens_checker.py); asserts it says OK."""
     proc = subprocess.run([sys.executable, str(CHECKER), *map(str, args)], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0 and proc.stdout.splitlines()[-1].startswith("OK"), proc.stdout + proc.stderr
     return proc

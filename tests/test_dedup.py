@@ -2,7 +2,7 @@
 
 Every distinct text must land exactly once, in one split only, whichever files and splits
 its copies come from. The expected set of texts is computed here (a Python set of the
-texts this test wrote) and checked by the shared independent checker."""
+texts this test wrote) and checked by the independent checker (tests/flat_tokens_checker.py)."""
 import json
 import os
 from collections import Counter

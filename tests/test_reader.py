@@ -21,7 +21,7 @@ EXAMPLE = [[1, 2], [3, 4, 5], [6, 7, 8]]  # the worked example of docs/flat-toke
 
 
 def load_checker():
-    spec = importlib.util.spec_from_file_location("check_flat_tokens", CHECKER)
+    spec = importlib.util.spec_from_file_location("flat_tokens_checker", CHECKER)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -91,7 +91,7 @@ def test_every_sequence_equals_the_checkers_decode(bytes_dataset, decoded):
         _, digests = checker.check_split(root[name], name, 1000, problems, True)
         assert problems == []
         assert len(got) == len(digests) > 0
-        assert [checker._digest(ids.astype(np.uint32)) for ids in got] == digests
+        assert [checker.digest(ids.astype(np.uint32)) for ids in got] == digests
         assert [ids.tolist() for ids in got] == raw_sequences(bytes_dataset, name)
 
 

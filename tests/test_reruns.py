@@ -10,7 +10,7 @@ import time
 import numpy as np
 
 from pipeline import verify
-from tests.helpers import REPO, check_flat_tokens, run_pipeline, write_jsonl
+from tests.helpers import CHECKER, REPO, check_flat_tokens, run_pipeline, write_jsonl
 from transforms.records import SortedShard
 from transforms.write import layout as plan
 from transforms.write import CreateOutput
@@ -30,7 +30,7 @@ def tree_digest(path):
 
 
 def same_arrays(a, b) -> bool:
-    proc = subprocess.run([sys.executable, str(REPO.parent / "shared/tools/check_flat_tokens.py"), str(a),
+    proc = subprocess.run([sys.executable, str(CHECKER), str(a),
                            "--compare", str(b)], capture_output=True, text=True)
     return proc.returncode == 0
 
