@@ -35,6 +35,9 @@ class TokenizedBatch:
     ids: np.ndarray  # token ids, documents concatenated, in the narrowest type (narrowest_ids)
     empty: int  # documents that tokenized to nothing (dropped)
     digests: np.ndarray | None = None  # (n, 2) uint64 content digests, with --dedup exact only
+    # Where these ids lie on local disk as they are, when a run staged them there
+    # (transforms/staging.py): the shuffle's spill then maps that file instead of writing one.
+    ids_file: str | None = None
 
 
 def narrowest_ids(ids: np.ndarray, top: int | None = None) -> np.ndarray:

@@ -1,0 +1,323 @@
+"""The staging area: the work a run keeps under its output, so that a rerun after a kill or a
+failure redoes only what was not finished, and never reuses stale work (issue 20).
+
+    OUTPUT/.flat-tokens-staging/
+      command.json                   the command whose unfinished output this is (pipeline/resume.py)
+      arrays.json                    the job key whose chunks the arrays train/ and validation/ hold
+      units/<unit key>/<place>.ids   a tokenized batch's ids: as they are locally (the shuffle's
+                                     spill file too), LZ4-compressed on an object store
+      units/<unit key>/<place>.batch its documents: places, lengths, empty count, digests
+      units/<unit key>/unit.<n>.json the unit's account (counts, line counts, rejected lines)
+                                     and the places of its n batches
+      shards/<job key>/<split>.<shard>.<chunks>.rec  a shard whose owned chunks all landed: its
+                                     size, its receipts and the fragments it handed to the merge
+      chunks/<job key>/<split>.<array>.<index>       a shared (merged) chunk that landed
+
+A *unit* is what one worker reads: a JSONL byte range or a Parquet row group. Its key hashes
+everything its tokenized batches depend on (pipeline/resume.py: the file's identity, the
+range, the text key, the tokenizer's content and backend, the batch limits, the package
+version). The *job key* hashes every unit key with every option that changes the arrays: a
+shard gathers documents from every input, so its record is only good for the same job.
+
+Trust. Every object is written whole: under a temporary name renamed into place locally; an
+object store's upload is atomic. A unit is trusted when its account and all n of its batches
+(both files) are there, whichever runner fused what. A batch's `.batch` is written only once
+the tokenizer guard has compared its sample, so a batch that failed the guard is never
+reused. Shard records and chunk markers are written once their chunks landed and the claim
+was confirmed after them; they count only while `arrays.json` names the same job key. That
+marker is removed before any record or array is deleted, and written again only after the
+arrays are created anew, so no record outlives the chunks it describes.
+
+The folder's name starts with `.flat-tokens-`, which is how the ownership rules recognise the
+tool's own objects (transforms/write/ownership.py). It is removed by the commit; `--restart`
+throws it away; nothing else in it is ever deleted but by these names.
+"""
+import bisect
+import hashlib
+import io
+import json
+import mmap
+import os
+import shutil
+import uuid
+from dataclasses import dataclass, field
+
+import numcodecs
+import numpy as np
+from fsspec.core import url_to_fs
+
+from transforms.records import TokenizedBatch
+
+FOLDER = ".flat-tokens-staging"
+FORMAT = 1  # of the objects below; part of every key
+UNITS, SHARDS, CHUNKS = "units", "shards", "chunks"
+COMMAND, ARRAYS = "command.json", "arrays.json"
+IDS, BATCH = ".ids", ".batch"
+TEMPORARY = ".tmp"
+# Staged ids cross the network to an object store LZ4-compressed (1.2 bytes per GPT-2 token
+# instead of 2), as they cross a runner's shuffle; local ids stay as they are, since the
+# shuffle maps them in place (transforms/shuffle/spill.py).
+_IDS_CODEC = numcodecs.LZ4(acceleration=1)
+# Shard records hold up to two chunks' worth of fragments per array.
+_RECORD_CODEC = numcodecs.Zstd(level=1)
+
+
+def key_of(value) -> str:
+    """A key: 128 bits of sha256 over the canonical JSON of `value`."""
+    return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:32]
+
+
+def is_local(url: str) -> bool:
+    return "://" not in url or url.startswith("file://")
+
+
+def place_name(place: int) -> str:
+    return f"{place:016x}"
+
+
+@dataclass
+class Staged:
+    """What the staging area holds, as its names say (one listing)."""
+
+    units: dict = field(default_factory=dict)  # trusted unit key -> its account's name
+    shards: dict = field(default_factory=dict)  # job key -> {(split, shard): (chunks, record name)}
+    chunks: dict = field(default_factory=dict)  # job key -> {(split, array, index)}
+    arrays_key: str | None = None  # the job key arrays.json names
+    command: dict | None = None  # command.json
+
+
+class StagingArea:
+    """The staging folder of one output, and the keys of this job's units: plain data, so it
+    pickles into every DoFn that reads or writes staged work."""
+
+    def __init__(self, output: str, storage_options: dict | None = None, job_key: str = "",
+                 unit_keys: dict | None = None):
+        self.local = is_local(output)
+        if self.local:
+            output = os.path.abspath(os.path.expanduser(output.removeprefix("file://")))
+        self.output = output
+        self.url = output.rstrip("/") + "/" + FOLDER
+        self.storage_options = dict(storage_options or {})
+        self.job_key = job_key
+        # file key -> (sorted unit starts, their keys): the unit holding a place
+        self.unit_keys = unit_keys or {}
+        self._fs = None
+
+    def __getstate__(self):
+        return {**self.__dict__, "_fs": None}
+
+    @property
+    def fs(self):
+        if self._fs is None:
+            self._fs = url_to_fs(self.url, **self.storage_options)[0]
+        return self._fs
+
+    def path(self, *parts: str) -> str:
+        return "/".join((self.url, *parts))
+
+    def unit_of(self, file_key: str, place: int) -> str:
+        """The key of the unit whose documents start at or before `place` of the file."""
+        starts, keys = self.unit_keys[file_key]
+        return keys[bisect.bisect_right(starts, place) - 1]
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def put(self, relative: str, data) -> str:
+        """Writes `data` (bytes or a buffer) whole at `relative`; returns the object's path."""
+        path = self.path(relative)
+        if self.local:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            temporary = f"{path}.{uuid.uuid4().hex}{TEMPORARY}"
+            with open(temporary, "wb") as f:
+                f.write(data)
+            os.replace(temporary, path)
+        else:
+            self.fs.pipe_file(path, bytes(data))
+        return path
+
+    def put_batch_ids(self, unit: str, place: int, ids: np.ndarray) -> str | None:
+        """Stages a batch's ids; returns their local path (which the shuffle may map), else None."""
+        ids = np.ascontiguousarray(ids)
+        data = ids.data if self.local else _IDS_CODEC.encode(ids)
+        path = self.put(f"{UNITS}/{unit}/{place_name(place)}{IDS}", data)
+        return path if self.local else None
+
+    def put_batch(self, unit: str, place: int, batch: TokenizedBatch) -> None:
+        """Stages a batch's documents (its ids are staged already): the batch counts from here."""
+        header = {"file_key": batch.file_key, "split": batch.split, "empty": int(batch.empty),
+                  "ids_dtype": batch.ids.dtype.name, "ids": int(batch.ids.size), "local": self.local}
+        arrays = {"offsets": batch.offsets, "lengths": batch.lengths}
+        if batch.digests is not None:
+            arrays["digests"] = batch.digests
+        self.put(f"{UNITS}/{unit}/{place_name(place)}{BATCH}", _npz(header, arrays))
+
+    def put_unit(self, unit: str, account: dict) -> None:
+        """Stages a unit's account, after its last batch was emitted: the unit counts once every
+        batch it names is staged."""
+        name = f"unit.{len(account['places'])}.json"
+        self.put(f"{UNITS}/{unit}/{name}", json.dumps({"format": FORMAT, "unit": unit, **account}).encode())
+
+    def put_shard(self, split: str, shard: int, record: dict, fragments: list) -> None:
+        """Stages a written shard: `record` (its size and receipts), and its fragments
+        [((split, array, index), (start, values))]."""
+        header = {**record, "fragments": [[key[1], key[2], int(start)] for key, (start, _) in fragments]}
+        arrays = {f"f{i}": np.asarray(values) for i, (_, (_, values)) in enumerate(fragments)}
+        chunks = sum(n for _, n in record["receipts"])
+        name = f"{SHARDS}/{self.job_key}/{split}.{shard:08d}.{chunks}.rec"
+        self.put(name, _RECORD_CODEC.encode(_npz(header, arrays)))
+
+    def put_chunk(self, split: str, array: str, index: int) -> None:
+        self.put(f"{CHUNKS}/{self.job_key}/{split}.{array}.{index}", b"")
+
+    def put_json(self, name: str, value: dict) -> None:
+        self.put(name, json.dumps(value, sort_keys=True).encode())
+
+    def mark_arrays(self) -> None:
+        """The arrays were just created for this job: its records count from here."""
+        self.put_json(ARRAYS, {"job_key": self.job_key})
+
+    def arrays_key(self) -> str | None:
+        """The job key whose chunks the arrays hold, or None."""
+        return (self.read_json(ARRAYS) or {}).get("job_key")
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def read_unit(self, unit: str, name: str) -> dict:
+        with self.fs.open(self.path(UNITS, unit, name), "rb") as f:
+            account = json.load(f)
+        if account.get("format") != FORMAT or account.get("unit") != unit:
+            raise RuntimeError(f"staged unit {self.path(UNITS, unit, name)}: not this version's account of this unit")
+        return account
+
+    def read_batch(self, unit: str, place: int) -> TokenizedBatch:
+        """A staged batch, as it was tokenized; locally its ids are mapped from their file."""
+        base = self.path(UNITS, unit, place_name(place))
+        header, arrays = _unnpz(self.fs.cat_file(base + BATCH))
+        dtype, n = np.dtype(header["ids_dtype"]), header["ids"]
+        if header["local"]:
+            ids = _mapped(base + IDS, dtype, n)
+            ids_file = base + IDS
+        else:
+            ids = np.frombuffer(_IDS_CODEC.decode(self.fs.cat_file(base + IDS)), dtype=dtype)
+            ids_file = None
+        if ids.size != n:
+            raise RuntimeError(f"staged batch {base}{IDS}: holds {ids.size} ids, its documents need {n}")
+        return TokenizedBatch(header["file_key"], header["split"], arrays["offsets"], arrays["lengths"], ids,
+                              header["empty"], arrays.get("digests"), ids_file=ids_file)
+
+    def read_shard(self, job_key: str, name: str) -> tuple[dict, list]:
+        """A shard record: (header, fragments as [((split, array, index), (start, values))])."""
+        header, arrays = _unnpz(_RECORD_CODEC.decode(self.fs.cat_file(self.path(SHARDS, job_key, name))))
+        fragments = [((header["split"], array, index), (start, arrays[f"f{i}"]))
+                     for i, (array, index, start) in enumerate(header["fragments"])]
+        return header, fragments
+
+    def read_json(self, name: str) -> dict | None:
+        try:
+            value = json.loads(self.fs.cat_file(self.path(name)))
+        except (FileNotFoundError, ValueError, UnicodeDecodeError):
+            return None
+        return value if isinstance(value, dict) else None
+
+    def listing(self) -> Staged:
+        """What the area holds, from one listing of its names."""
+        staged = Staged()
+        names = self._names()
+        batches = {}  # unit -> {place: set of suffixes}
+        accounts = {}  # unit -> (n, name)
+        for rel in names:
+            parts = rel.split("/")
+            if len(parts) == 3 and parts[0] == UNITS:
+                unit, name = parts[1], parts[2]
+                stem, dot, suffix = name.partition(".")
+                if stem == "unit" and name.endswith(".json") and name.count(".") == 2:
+                    n = name.split(".")[1]
+                    if n.isdigit():
+                        accounts[unit] = (int(n), name)
+                elif "." + suffix in (IDS, BATCH):
+                    batches.setdefault(unit, {}).setdefault(stem, set()).add("." + suffix)
+            elif len(parts) == 3 and parts[0] == SHARDS:
+                fields = parts[2].split(".")
+                if len(fields) == 4 and fields[3] == "rec" and fields[1].isdigit() and fields[2].isdigit():
+                    staged.shards.setdefault(parts[1], {})[fields[0], int(fields[1])] = (int(fields[2]), parts[2])
+            elif len(parts) == 3 and parts[0] == CHUNKS:
+                fields = parts[2].split(".")
+                if len(fields) == 3 and fields[2].isdigit():
+                    staged.chunks.setdefault(parts[1], set()).add((fields[0], fields[1], int(fields[2])))
+        for unit, (n, name) in accounts.items():
+            whole = sum(1 for suffixes in batches.get(unit, {}).values() if suffixes == {IDS, BATCH})
+            if whole == n:
+                staged.units[unit] = name
+        if ARRAYS in names:
+            staged.arrays_key = self.arrays_key()
+        if COMMAND in names:
+            staged.command = self.read_json(COMMAND)
+        return staged
+
+    def _names(self) -> list[str]:
+        """Every object's name under the area, relative to it (temporary files left out)."""
+        if self.local:
+            out = []
+            for root, _, files in os.walk(self.url):
+                rel = os.path.relpath(root, self.url)
+                out += [name if rel == "." else f"{rel}/{name}" for name in files if not name.endswith(TEMPORARY)]
+            return out
+        fs = self.fs
+        fs.invalidate_cache(self.url)
+        try:
+            found = fs.find(self.url, withdirs=False)
+        except FileNotFoundError:
+            return []
+        root = url_to_fs(self.url, **self.storage_options)[1].rstrip("/") + "/"
+        return [p[len(root):] for p in found if p.startswith(root) and not p.endswith(TEMPORARY)]
+
+    # -- removing --------------------------------------------------------------------------
+
+    def forget_arrays(self) -> None:
+        """Before the arrays are deleted or replaced: their chunks stop counting (the marker goes
+        first), then every shard record and chunk marker goes."""
+        self._remove(ARRAYS)
+        for folder in (SHARDS, CHUNKS):
+            self._remove(folder)
+
+    def remove(self) -> None:
+        """The whole area (the commit, --restart)."""
+        self._remove("")
+
+    def _remove(self, relative: str) -> None:
+        path = self.path(relative) if relative else self.url
+        if self.local:
+            if os.path.isdir(path):
+                shutil.rmtree(path, ignore_errors=True)
+            elif os.path.exists(path):
+                os.remove(path)
+            return
+        try:
+            self.fs.rm(path, recursive=True)
+        except FileNotFoundError:
+            pass
+        self.fs.invalidate_cache(self.url)
+
+
+def _npz(header: dict, arrays: dict) -> bytes:
+    out = io.BytesIO()
+    np.savez(out, header=np.frombuffer(json.dumps(header).encode(), dtype=np.uint8), **arrays)
+    return out.getvalue()
+
+
+def _unnpz(data: bytes) -> tuple[dict, dict]:
+    with np.load(io.BytesIO(data), allow_pickle=False) as z:
+        arrays = {k: z[k] for k in z.files}
+    return json.loads(arrays.pop("header").tobytes()), arrays
+
+
+def _mapped(path: str, dtype: np.dtype, n: int) -> np.ndarray:
+    """A local ids file, mapped read-only (as the shuffle maps it), checked to hold `n` ids."""
+    size = os.path.getsize(path)
+    if size != n * dtype.itemsize:
+        raise RuntimeError(f"staged batch {path}: {size} bytes, expected {n * dtype.itemsize}")
+    if n == 0:
+        return np.empty(0, dtype=dtype)
+    with open(path, "rb") as f:
+        return np.frombuffer(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ), dtype=dtype)
+
