@@ -5,6 +5,7 @@ JSONL files are read by byte range (transforms.read.jsonl_documents), Parquet fi
 (transforms.read.parquet_documents); each output of the two readers is flattened with its twin.
 """
 import contextlib
+import functools
 from typing import NamedTuple
 
 import apache_beam as beam
@@ -14,6 +15,7 @@ from transforms.read.inputs import PARQUET, ReadRange
 from transforms.read.jsonl_documents import COUNTS, LINE_COUNTS, REJECTED, ReadJsonlDocuments
 from transforms.read.parquet import RowGroup
 from transforms.read.parquet_documents import ReadParquetDocuments
+from transforms.read.staged_reads import StagedReader
 
 
 class Corpus(NamedTuple):
@@ -43,11 +45,14 @@ def peek_input(files, count: int, text_key: str, storage_options: dict | None = 
 
 
 class ReadCorpus(beam.PTransform):
-    """Reads JSONL byte ranges and Parquet row groups in parallel into DocumentBatches."""
+    """Reads JSONL byte ranges and Parquet row groups in parallel into DocumentBatches. With a
+    staging area (transforms/staging.py), each unit leaves its account there once read."""
 
     def __init__(self, ranges: list[ReadRange], row_groups: list[RowGroup], text_key: str,
-                 batch_documents: int = 8192, storage_options: dict | None = None, progress_dir: str | None = None):
+                 batch_documents: int = 8192, storage_options: dict | None = None, progress_dir: str | None = None,
+                 staging=None):
         super().__init__()
+        self._wrap = functools.partial(StagedReader, area=staging) if staging is not None else None
         self._ranges = ranges
         self._row_groups = row_groups
         self._text_key = text_key
@@ -60,11 +65,11 @@ class ReadCorpus(beam.PTransform):
         if self._ranges or not self._row_groups:
             readers.append(pbegin | "ReadJsonl" >> ReadJsonlDocuments(
                 self._ranges, self._text_key, batch_documents=self._batch_documents,
-                storage_options=self._storage_options, progress_dir=self._progress_dir))
+                storage_options=self._storage_options, progress_dir=self._progress_dir, wrap=self._wrap))
         if self._row_groups:
             readers.append(pbegin | "ReadParquet" >> ReadParquetDocuments(
                 self._row_groups, batch_documents=self._batch_documents,
-                storage_options=self._storage_options, progress_dir=self._progress_dir))
+                storage_options=self._storage_options, progress_dir=self._progress_dir, wrap=self._wrap))
         tags = ("documents", REJECTED, LINE_COUNTS, COUNTS)  # "documents": the main output
         if len(readers) == 1:  # one format: no Flatten (four transforms the runner would build and run)
             return Corpus(*(readers[0][tag] for tag in tags))

@@ -141,10 +141,12 @@ class ReadJsonlDocuments(beam.PTransform):
     `counts` tagged outputs described on ReadRangeFn."""
 
     def __init__(self, ranges: list[ReadRange], text_key: str, batch_bytes: int = 1 << 23,
-                 batch_documents: int = 8192, storage_options: dict | None = None, progress_dir: str | None = None):
+                 batch_documents: int = 8192, storage_options: dict | None = None, progress_dir: str | None = None,
+                 wrap=None):
         super().__init__()
         self._ranges = ranges
-        self._fn = ReadRangeFn(text_key, batch_bytes, batch_documents, storage_options, progress_dir)
+        fn = ReadRangeFn(text_key, batch_bytes, batch_documents, storage_options, progress_dir)
+        self._fn = wrap(fn) if wrap else fn  # wrap: e.g. staged_reads.StagedReader
 
     def expand(self, pbegin):
         return (

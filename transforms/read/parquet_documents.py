@@ -65,10 +65,11 @@ class ReadParquetDocuments(beam.PTransform):
     (`documents`), `rejected`, `line_counts` (always empty) and `counts`."""
 
     def __init__(self, row_groups: list[RowGroup], batch_bytes: int = 1 << 23, batch_documents: int = 8192,
-                 storage_options: dict | None = None, progress_dir: str | None = None):
+                 storage_options: dict | None = None, progress_dir: str | None = None, wrap=None):
         super().__init__()
         self._row_groups = row_groups
-        self._fn = ReadRowGroupFn(batch_bytes, batch_documents, storage_options, progress_dir)
+        fn = ReadRowGroupFn(batch_bytes, batch_documents, storage_options, progress_dir)
+        self._fn = wrap(fn) if wrap else fn  # wrap: e.g. staged_reads.StagedReader
 
     def expand(self, pbegin):
         return (

@@ -75,9 +75,10 @@ def copies_of(doc: DocumentKeys, sampling) -> np.ndarray:
 
 def split_and_shard(batch: TokenizedBatch | DistinctBatch, seed: int, validation_fraction: float,
                     num_shards: dict[str, int], sampling=None, source_of_input: list[int] | None = None,
-                    spilled_to: str | None = None):
+                    spilled_to: str | None = None, finished: frozenset = frozenset()):
     """Yields ((split, shard), ShardPart) for each (split, shard) that the batch's documents
-    (and with a mixture's `sampling`, their copies: each with its own place) hit.
+    (and with a mixture's `sampling`, their copies: each with its own place) hit, except the
+    `finished` ones (written by an earlier attempt of the same job: transforms/staging.py).
 
     Each part carries its documents' ids, or with `spilled_to` (the file holding the batch's
     ids: transforms.shuffle.spill) where each of its documents starts in that file."""
@@ -102,6 +103,8 @@ def split_and_shard(batch: TokenizedBatch | DistinctBatch, seed: int, validation
                       hashing.shard_of(order_hashes, num_shards["validation"]))
     for g, members in groups_of((split_index << 32) | shards):
         g = int(g)
+        if (SPLITS[g >> 32], g & 0xFFFFFFFF) in finished:
+            continue
         docs = members if of_copy is None else of_copy[members]
         placed = dict(order_hashes=order_hashes[members], salts=doc.ties[0][docs], offsets=doc.ties[1][docs],
                       lengths=batch.lengths[docs])
@@ -192,18 +195,20 @@ class KeyByShard(beam.DoFn):
     on (transforms/shuffle/spill.py)."""
 
     def __init__(self, seed: int, validation_fraction: float, num_shards: dict[str, int],
-                 spill_dir: str | None = None):
+                 spill_dir: str | None = None, finished: frozenset = frozenset()):
         self._seed = seed
         self._validation_fraction = validation_fraction
         self._num_shards = num_shards
         self._spill_dir = spill_dir
+        self._finished = finished
 
     def process(self, batch, sampling=None, source_of_input=None):
         spilled_to = None
         if self._spill_dir and batch.lengths.size:
-            spilled_to = spill.spill_ids(self._spill_dir, *batch_identity(batch), batch.ids)
+            spilled_to = getattr(batch, "ids_file", None) or spill.spill_ids(
+                self._spill_dir, *batch_identity(batch), batch.ids)
         yield from split_and_shard(batch, self._seed, self._validation_fraction, self._num_shards,
-                                   sampling, source_of_input, spilled_to)
+                                   sampling, source_of_input, spilled_to, self._finished)
 
 
 def batch_identity(batch) -> tuple[str, int]:
@@ -221,17 +226,19 @@ class ShuffleGlobally(beam.PTransform):
     says how many copies of each train document to make."""
 
     def __init__(self, seed: int, validation_fraction: float, num_shards: dict[str, int],
-                 sampling=None, source_of_input: list[int] | None = None, spill_dir: str | None = None):
+                 sampling=None, source_of_input: list[int] | None = None, spill_dir: str | None = None,
+                 finished: frozenset = frozenset()):
         super().__init__()
         self._seed = seed
         self._validation_fraction = validation_fraction
         self._num_shards = num_shards
         self._mixing = {} if sampling is None else {"sampling": sampling, "source_of_input": source_of_input}
         self._spill_dir = spill_dir
+        self._finished = finished
 
     def expand(self, batches):
         parts = batches | "KeyByShard" >> beam.ParDo(KeyByShard(
-            self._seed, self._validation_fraction, self._num_shards, self._spill_dir), **self._mixing,
+            self._seed, self._validation_fraction, self._num_shards, self._spill_dir, self._finished), **self._mixing,
         ).with_output_types(tuple[tuple[str, int], ShardPart])
         sizes = parts | "MeasureParts" >> beam.Map(size_of)
         shards = (

@@ -1,0 +1,111 @@
+"""Tokenized batches kept in the staging area (transforms/staging.py), and replayed from it.
+
+TokenizeAndStage tokenizes as TokenizeBatches does and stages every batch: its ids at once
+(locally that file is also the shuffle's spill file, so staging costs the shuffle nothing),
+its documents once the tokenizer guard has compared the batch's sample with the reference.
+A batch whose comparison failed is never staged whole, so a rerun cannot reuse it.
+
+ReplayStagedUnits emits, for each unit an earlier attempt of the job staged whole, what
+reading and tokenizing it gave: its TokenizedBatches, and the reader's rejected lines, line
+count and counts. Downstream nothing can tell the two apart: they are the same values.
+"""
+from collections import Counter
+
+import apache_beam as beam
+
+from transforms.progress import ProgressFile
+from transforms.read.jsonl_documents import COUNTS, LINE_COUNTS, REJECTED
+from transforms.records import TokenizedBatch
+from transforms.tokenize.tokenizer import TokenizeBatches
+
+
+class TokenizeAndStage(TokenizeBatches):
+    """DocumentBatch -> TokenizedBatch, staged under the unit the batch was read from."""
+
+    def __init__(self, info, area, storage_options: dict | None = None, progress_dir: str | None = None,
+                 digests: bool = False):
+        super().__init__(info, storage_options, progress_dir, digests)
+        self._area = area  # transforms.staging.StagingArea
+        self._unchecked = []  # (unit, place, batch): ids staged, the guard's comparison still running
+
+    def start_bundle(self):
+        super().start_bundle()
+        self._unchecked = []  # a failed bundle's batches are not this bundle's
+
+    def process(self, batch):
+        place = int(batch.offsets[0])  # a batch's name: tokenizing may drop its first (empty) document
+        unit = self._area.unit_of(batch.file_key, place)
+        for tokenized in super().process(batch):
+            tokenized.ids_file = self._area.put_batch_ids(unit, place, tokenized.ids)
+            self._unchecked.append((unit, place, tokenized))
+            if self._checking is None or self._checking.done():
+                self._wait_for_check()  # a difference from the reference raises here, before staging
+                self._stage_checked()
+            yield tokenized
+
+    def finish_bundle(self):
+        super().finish_bundle()  # waits for the last comparison, raising any difference
+        self._stage_checked()
+
+    def _stage_checked(self):
+        for unit, place, tokenized in self._unchecked:
+            self._area.put_batch(unit, place, tokenized)
+        self._unchecked = []
+
+
+class ReplayUnitFn(beam.DoFn):
+    """(unit key, account name, text bytes) -> the unit's staged TokenizedBatches (main output)
+    and its reader's tagged outputs."""
+
+    def __init__(self, area, progress_dir: str | None = None):
+        self._area = area
+        self._progress_dir = progress_dir
+        self._progress = None
+
+    def setup(self):
+        self._progress = ProgressFile(self._progress_dir)
+
+    def process(self, staged):
+        unit, name, text_bytes = staged
+        account = self._area.read_unit(unit, name)
+        for place in account["places"]:
+            try:
+                batch = self._area.read_batch(unit, place)
+            except FileNotFoundError as e:
+                raise RuntimeError(f"staged unit {self._area.path('units', unit)}: {e.filename or e} is gone: the "
+                                   f"staging area changed after the run was launched; rerun to read it again") from None
+            self._progress.add(tokens=int(batch.ids.size))
+            yield batch
+        for record in account["rejected"]:
+            yield beam.pvalue.TaggedOutput(REJECTED, record)
+        if account["line_counts"] is not None:
+            yield beam.pvalue.TaggedOutput(LINE_COUNTS, tuple(account["line_counts"]))
+        counts = Counter(account["counts"])
+        self._progress.add(documents=counts["documents"], bytes=text_bytes)
+        self._progress.flush()
+        yield beam.pvalue.TaggedOutput(COUNTS, counts)
+
+    def teardown(self):
+        if self._progress:
+            self._progress.flush()
+
+
+class ReplayStagedUnits(beam.PTransform):
+    """Units staged whole -> a DoOutputsTuple: `batches` (TokenizedBatch) and the reader's tags
+    `rejected`, `line_counts` and `counts`.
+
+    `units`: (unit key, account name, text bytes) of each unit to replay (pipeline/resume.py)."""
+
+    def __init__(self, area, units: list[tuple[str, str, int]], progress_dir: str | None = None):
+        super().__init__()
+        self._area = area
+        self._units = units
+        self._progress_dir = progress_dir
+
+    def expand(self, pbegin):
+        return (
+            pbegin
+            | "ListStagedUnits" >> beam.Create(self._units)
+            | "ReplayUnits" >> beam.ParDo(ReplayUnitFn(self._area, self._progress_dir))
+            .with_output_types(TokenizedBatch).with_outputs(REJECTED, LINE_COUNTS, COUNTS, main="batches")
+        )
