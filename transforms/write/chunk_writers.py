@@ -69,14 +69,16 @@ class WriteOwnedChunks(beam.DoFn):
     A shard's chunks are encoded and stored on a thread pool while the next shard is sorted:
     `process` waits only for the previous shard's writes, and `finish_bundle` for the last,
     so no bundle succeeds (and no receipt reaches the commit) before its chunks have landed
-    and the claim was confirmed after them."""
+    and the claim was confirmed after them. With a staging area (`area`), the shard's record
+    is staged then too, for a rerun to replay (transforms/write/finished.py)."""
 
     FRAGMENTS = "fragments"
 
-    def __init__(self, target: StoreTarget):
+    def __init__(self, target: StoreTarget, area=None):
         self._target = target
+        self._area = area  # transforms.staging.StagingArea, or None
         self._arrays = None
-        self._pending = None  # (what, futures) of the shard being written
+        self._pending = None  # (what, futures, record) of the shard being written
 
     def setup(self):
         self._arrays = _ArrayCache(self._target)
@@ -101,8 +103,15 @@ class WriteOwnedChunks(beam.DoFn):
         pieces = ((TOKENS, token_offset, shard.tokens, split.tokens),
                   (SEQ_STARTS, seq_offset, starts, split.sequences + 1))
         futures = []  # tracked before the first write starts, so that even a failure midway is settled
-        self._pending = (f"{shard.split} shard {shard.shard}'s chunks", futures)
-        yield from self._write(shard.split, pieces, futures)
+        record = {"split": shard.split, "shard": shard.shard, "tokens": n_tokens, "sequences": n_seqs,
+                  "max_token_id": split.max_token_id, "receipts": [], "fragments": []}
+        self._pending = (f"{shard.split} shard {shard.shard}'s chunks", futures, record)
+        for out in self._write(shard.split, pieces, futures):
+            if isinstance(out, beam.pvalue.TaggedOutput):
+                record["fragments"].append(out.value)
+            else:
+                record["receipts"].append(out[1:])
+            yield out
 
     def finish_bundle(self):
         self._settle_pending()
@@ -113,7 +122,7 @@ class WriteOwnedChunks(beam.DoFn):
         landed after a takeover. Then raises the first failed write of a live bundle."""
         if self._pending is None:
             return
-        what, futures = self._pending
+        what, futures, record = self._pending
         self._pending = None
         wait(futures)
         t = self._target
@@ -121,6 +130,9 @@ class WriteOwnedChunks(beam.DoFn):
         if not failed_bundle:
             for written in futures:
                 written.result()
+            if self._area is not None:
+                fragments = record.pop("fragments")
+                self._area.put_shard(record["split"], record["shard"], record, fragments)
 
     def _write(self, split, pieces, futures: list | None = None):
         """Writes the pieces' owned chunks: before returning, or (given `futures`) on the
@@ -147,10 +159,14 @@ class WriteEndMarkers(WriteOwnedChunks):
 
 
 class WriteSharedChunks(beam.DoFn):
-    """(chunk key, fragments) -> assembles the chunk and writes it once."""
+    """(chunk key, fragments) -> assembles the chunk and writes it once. With a staging area,
+    a landed chunk is recorded, and one an earlier attempt of the job recorded (`written`) is
+    not written again."""
 
-    def __init__(self, target: StoreTarget):
+    def __init__(self, target: StoreTarget, area=None, written: frozenset = frozenset()):
         self._target = target
+        self._area = area  # transforms.staging.StagingArea, or None
+        self._written = written  # (split, array, chunk index) of recorded chunks
         self._arrays = None
 
     def setup(self):
@@ -170,9 +186,12 @@ class WriteSharedChunks(beam.DoFn):
             position += values.size
         if position != b:
             raise RuntimeError(f"{split}/{name} chunk {index}: pieces cover [{a}, {position}), expected [{a}, {b})")
-        t = self._target
-        with ownership.fenced(t.url, t.run_id, f"{split}/{name} chunk {index}", t.storage_options):
-            self._arrays.get(split, name).write(a, np.concatenate([v for _, v in fragments]))
+        if (split, name, index) not in self._written:
+            t = self._target
+            with ownership.fenced(t.url, t.run_id, f"{split}/{name} chunk {index}", t.storage_options):
+                self._arrays.get(split, name).write(a, np.concatenate([v for _, v in fragments]))
+            if self._area is not None:
+                self._area.put_chunk(split, name, index)
         yield split, name, 1
 
     def teardown(self):
@@ -185,26 +204,38 @@ class WriteFlatTokens(beam.PTransform):
     (split, array, chunks written), one per kind of writer (CommitDataset sums them).
 
     `layout` (the LayOutShards result) and `ready` (true once the arrays exist and the input
-    passed its checks) are singleton side inputs."""
+    passed its checks) are singleton side inputs. With a staging area, written shards and
+    shared chunks are recorded there; `replayed` (ReplayFinishedShards' outputs) adds the
+    receipts and fragments of the shards an earlier attempt wrote, and `written` names the
+    shared chunks it wrote."""
 
-    def __init__(self, target: StoreTarget, layout, ready):
+    def __init__(self, target: StoreTarget, layout, ready, area=None, replayed=None, written: frozenset = frozenset()):
         super().__init__()
         self._target = target
         self._layout = layout
         self._ready = ready
+        self._area = area
+        self._replayed = replayed
+        self._written = written
 
     def expand(self, shards):
         layout, ready = self._layout, self._ready
         owned = shards | "WriteOwnedChunks" >> beam.ParDo(
-            WriteOwnedChunks(self._target), layout, ready).with_outputs(WriteOwnedChunks.FRAGMENTS, main="receipts")
+            WriteOwnedChunks(self._target, self._area), layout, ready).with_outputs(
+                WriteOwnedChunks.FRAGMENTS, main="receipts")
         markers = (
             shards.pipeline
             | "Once" >> beam.Impulse()
             | "WriteEndMarkers" >> beam.ParDo(WriteEndMarkers(self._target), layout, ready)
             .with_outputs(WriteOwnedChunks.FRAGMENTS, main="receipts"))
+        fragments = (owned.fragments, markers.fragments)
+        receipts = (owned.receipts, markers.receipts)
+        if self._replayed is not None:
+            fragments += (self._replayed.fragments,)
+            receipts += (self._replayed.receipts,)
         shared = (
-            (owned.fragments, markers.fragments)
+            fragments
             | "GatherFragments" >> beam.Flatten()
             | "GroupByChunk" >> beam.GroupByKey()
-            | "WriteSharedChunks" >> beam.ParDo(WriteSharedChunks(self._target), layout, ready))
-        return owned.receipts, markers.receipts, shared
+            | "WriteSharedChunks" >> beam.ParDo(WriteSharedChunks(self._target, self._area, self._written), layout, ready))
+        return (*receipts, shared)

@@ -79,12 +79,14 @@ def chunk_counts(receipts) -> dict:
 
 class CommitFn(beam.DoFn):
     """Commits once every writer has reported: its side inputs are the layout, the summed
-    counts and one list of chunk receipts per kind of writer."""
+    counts and one list of chunk receipts per kind of writer. Then the staging area (`area`,
+    transforms/staging.py) goes: a committed dataset is never resumed."""
 
-    def __init__(self, target: StoreTarget, provenance: dict, mixture: mix.Mixture | None = None):
+    def __init__(self, target: StoreTarget, provenance: dict, mixture: mix.Mixture | None = None, area=None):
         self._target = target
         self._provenance = provenance
         self._mixture = mixture
+        self._area = area
 
     def process(self, _, layout, counts, *receipts):
         yield self.commit(chunk_counts(receipts), layout, counts)
@@ -99,6 +101,8 @@ class CommitFn(beam.DoFn):
             stats["duplicates_by_source"] = {s["name"]: s[mix.DUPLICATES] for s in root["mixture"]["sources"]}
         splits = {s: {"max_token_id": stats[s]["max_token_id"]} for s in SPLITS}
         store.commit(self._target, root, splits)
+        if self._area is not None:
+            self._area.remove()
         return stats
 
 
@@ -109,18 +113,19 @@ class CommitDataset(beam.PTransform):
     commit as side inputs, list by list: summing them in a combine first cost the runner
     two more stages, for a few hundred small tuples."""
 
-    def __init__(self, target: StoreTarget, provenance: dict, mixture: mix.Mixture | None = None):
+    def __init__(self, target: StoreTarget, provenance: dict, mixture: mix.Mixture | None = None, area=None):
         super().__init__()
         self._target = target
         self._provenance = provenance
         self._mixture = mixture
+        self._area = area
 
     def expand(self, inputs):
         receipts, layout, counts = inputs
         return (
             layout.pipeline
             | "Once" >> beam.Impulse()
-            | "Commit" >> beam.ParDo(CommitFn(self._target, self._provenance, self._mixture),
+            | "Commit" >> beam.ParDo(CommitFn(self._target, self._provenance, self._mixture, self._area),
                                      beam.pvalue.AsSingleton(layout, default_value=plan.lay_out({}, SPLITS)),
                                      beam.pvalue.AsSingleton(counts),
                                      *[beam.pvalue.AsList(r) for r in receipts])

@@ -34,6 +34,7 @@ from fsspec.core import url_to_fs
 OWN_PREFIX = ".flat-tokens-"  # every top-level name this tool writes for itself starts so
 CLAIM_PREFIX = ".flat-tokens-run."
 CONFLICT_PREFIX = ".flat-tokens-conflict."
+STAGING = ".flat-tokens-staging"  # work kept for a rerun (transforms/staging.py): never replaced here
 SPLITS = ("train", "validation")
 ROOT_METADATA = (".zgroup", ".zattrs", "zarr.json")
 DATASET_ENTRIES = frozenset(SPLITS + ROOT_METADATA)
@@ -211,15 +212,19 @@ def describe_owner(state: OutputState) -> str:
     return f"{what} of run {state.owner[1]}" if state.owner[1] else what
 
 
-def refuse_for_run(url: str, overwrite: bool, storage_options: dict | None = None) -> OutputState:
-    """The launcher's check: the state found, or OutputError when this run may not use the path."""
+def refuse_for_run(url: str, overwrite: bool, storage_options: dict | None = None,
+                   resumable: bool = False) -> OutputState:
+    """The launcher's check: the state found, or OutputError when this run may not use the path.
+    `resumable`: this command made what is there, so an unfinished output is resumed, not
+    replaced, and needs no --overwrite (a committed dataset always does)."""
     refuse_root(url, storage_options)
     state = inspect_output(url, storage_options)
     if not state.replaceable:
         raise OutputError(refusal(url, state))
-    if state.kind == "dataset" and not overwrite:
+    if state.kind == "dataset" and not overwrite and (state.committed or not resumable):
+        resume = "" if state.committed else "; an unfinished output is resumed by rerunning the command that made it"
         raise OutputError(f"--output {url}: exists and is not empty; pass --overwrite to replace it, "
-                          f"or choose another path ({describe_owner(state)} is there)")
+                          f"or choose another path ({describe_owner(state)} is there{resume})")
     return state
 
 
@@ -308,11 +313,14 @@ def confirm_written(url: str, run_id: str, what: str, storage_options: dict | No
                           f"there and it will not verify: rerun with --overwrite") from None
 
 
-def remove_replaced(url: str, run_id: str, storage_options: dict | None = None) -> list[str]:
+def remove_replaced(url: str, run_id: str, storage_options: dict | None = None,
+                    keep: frozenset = frozenset()) -> list[str]:
     """Deletes what this run replaces: root metadata first (the old dataset is uncommitted
     before anything else goes), then the splits, older claims and other runs' `.flat-tokens-*`
-    objects. Only recognised names are deleted; anything else stays where it is.
-    Returns the run ids whose claims were removed (their rejected-line reports go too)."""
+    objects, but not the staging area (its own rules delete it: transforms/staging.py), nor
+    the names in `keep` (a resumed run's splits). Only recognised names are deleted; anything
+    else stays where it is. Returns the run ids whose claims were removed (their rejected-line
+    reports go too)."""
     fs, path = split_url(url, storage_options)
     check_owner(url, run_id, storage_options, doing="replacing the old output")
     names = _names(fs, path)
@@ -327,6 +335,8 @@ def remove_replaced(url: str, run_id: str, storage_options: dict | None = None) 
             holder = (_read_json(fs, f"{path}/{name}") or {}).get("run_id")
             if holder:
                 replaced.append(holder)
+        elif name in keep or name == STAGING:
+            continue
         elif name.startswith(OWN_PREFIX):
             if run_id in name:
                 continue

@@ -100,17 +100,23 @@ def _compressors(target: StoreTarget, dtype_size: int):
     return zarr.codecs.BloscCodec(cname=cname, clevel=clevel, shuffle="bitshuffle", typesize=dtype_size)
 
 
-def refuse_occupied(url: str, overwrite: bool, storage_options: dict | None = None) -> ownership.OutputState:
+def refuse_occupied(url: str, overwrite: bool, storage_options: dict | None = None,
+                    resumable: bool = False) -> ownership.OutputState:
     """The launcher's check, before any data is read: what is at the output, or OutputError
     when this run may not use it (see transforms/write/ownership.py for the rule)."""
-    return ownership.refuse_for_run(url, overwrite, storage_options)
+    return ownership.refuse_for_run(url, overwrite, storage_options, resumable)
 
 
-def prepare_output(target: StoreTarget, overwrite: bool, expected_owner: tuple = (0, "")) -> list[str]:
+def prepare_output(target: StoreTarget, overwrite: bool, expected_owner: tuple = (0, ""),
+                   keep_splits: bool = False, before_removing=None, resumable: bool = False) -> list[str]:
     """Claims the output for this run and removes what it replaces, or refuses.
 
     `expected_owner` is the (claim generation, run id) the launcher found: if another run
     claimed or committed the output since, this run stops without deleting anything.
+    `resumable`: an unfinished output may be taken without `overwrite` (the launcher found
+    none, or one this command made). `keep_splits`: a resumed run keeps the arrays;
+    `before_removing()` runs once the claim is this run's, before anything is deleted (the
+    staging area forgets the arrays' chunks there).
     Returns the run ids whose output was replaced (their rejected-line reports go too)."""
     so = target.storage_options
     ownership.refuse_root(target.url, so)
@@ -122,14 +128,17 @@ def prepare_output(target: StoreTarget, overwrite: bool, expected_owner: tuple =
             raise ownership.OutputTaken(
                 f"--output {target.url}: {ownership.describe_owner(state)} appeared there after this run was "
                 f"launched (it found {_describe_expected(expected_owner)}); this run stops and deletes nothing")
-        if state.kind == "dataset" and not overwrite:
+        if state.kind == "dataset" and not overwrite and (state.committed or not resumable):
             raise OutputError(f"--output {target.url}: exists and is not empty; pass --overwrite to replace it, "
                               f"or choose another path")
         ownership.claim(target.url, target.run_id, state.owner[0] + 1, so)
         if state.kind == "dataset" and state.committed:
             logging.getLogger("flat_tokens").warning("flat-tokens: --overwrite: replacing %s at %s",
                                                      ownership.describe_owner(state), target.url)
-    replaced = ownership.remove_replaced(target.url, target.run_id, so)
+    if before_removing is not None:
+        before_removing()
+    replaced = ownership.remove_replaced(target.url, target.run_id, so,
+                                         keep=frozenset(SPLITS) if keep_splits else frozenset())
     if state.owner[0] == 0 and state.owner[1] and state.owner[1] != target.run_id:
         replaced.append(state.owner[1])  # a dataset of an earlier version: its run id is in its attributes
     return replaced
@@ -173,6 +182,20 @@ def create_split(target: StoreTarget, split: str, tokens: int, sequences: int) -
             # Every chunk is written, even all-zero ones: the commit counts written chunks.
             config={"write_empty_chunks": True},
         )
+
+
+def keep_split(target: StoreTarget, split: str, tokens: int, sequences: int) -> None:
+    """A resumed run's split: the arrays an earlier attempt of the same job created, and the
+    chunks it wrote, stay; their shapes are checked, and the group's run attribute becomes
+    this run's."""
+    store = make_store(child_url(target.url, split), target.storage_options)
+    group = zarr.open_group(store=store, mode="r+", zarr_format=target.zarr_format)
+    for name, length in ((TOKENS, tokens), (SEQ_STARTS, sequences + 1)):
+        shape = group[name].shape
+        if shape != (length,):
+            raise RuntimeError(f"{target.url}/{split}/{name}: has shape {shape}, this job lays out ({length},); "
+                               f"the staging area does not describe these arrays: rerun with --restart")
+    group.attrs.update({RUN_ATTRIBUTE: target.run_id})
 
 
 def open_array(target: StoreTarget, split: str, name: str):
