@@ -11,7 +11,9 @@ the sentence (the map: docs/design.md).
 
 `build_pipeline` only wires transforms; pipeline/plan.py turns options into the JobPlan it
 wires (listing files and loading the tokenizer there, so bad options fail before any
-worker starts).
+worker starts). With a staging area (pipeline/resume.py, transforms/staging.py) the same
+sentence also keeps its work there: each input unit read and tokenized, each shard and
+shared chunk written; what an earlier attempt of the job kept is replayed instead of redone.
 """
 import apache_beam as beam
 
@@ -29,21 +31,36 @@ from transforms.write import CommitDataset
 
 from pipeline.plan import JobPlan
 from transforms.counts import SumCounts
+from transforms.read.corpus import Corpus
 from transforms.records import TokenizedBatch
 from transforms.shuffle.shuffle_globally import count_copies
 from transforms.shuffle.weigh_sources import count_source_documents
+from transforms.tokenize.staged import ReplayStagedUnits, TokenizeAndStage
+from transforms.write.finished import SIZES, ReplayFinishedShards
 
 
 def build_pipeline(p: beam.Pipeline, plan: JobPlan):
     """Wires the job; returns the PCollection of the committed dataset's stats."""
     so = plan.target.storage_options
     singleton = beam.pvalue.AsSingleton
+    resume = plan.resume
+    area = resume.area if resume else None
+    ranges, row_groups = plan.read_ranges(), plan.row_groups
+    if resume:
+        ranges, row_groups = resume.unread(ranges), resume.unread(row_groups)
     corpus = p | "ReadCorpus" >> ReadCorpus(
-        plan.read_ranges(), plan.row_groups, plan.text_key,
-        batch_documents=plan.batch_documents, storage_options=so, progress_dir=plan.progress_dir)
-    tokenized = corpus.documents | "Tokenize" >> beam.ParDo(
-        TokenizeBatches(plan.tokenizer, so, plan.progress_dir, digests=plan.dedup_shards is not None)
-    ).with_output_types(TokenizedBatch)
+        ranges, row_groups, plan.text_key,
+        batch_documents=plan.batch_documents, storage_options=so, progress_dir=plan.progress_dir, staging=area)
+    digests = plan.dedup_shards is not None
+    tokenize = (TokenizeAndStage(plan.tokenizer, area, so, plan.progress_dir, digests) if area else
+                TokenizeBatches(plan.tokenizer, so, plan.progress_dir, digests=digests))
+    tokenized = corpus.documents | "Tokenize" >> beam.ParDo(tokenize).with_output_types(TokenizedBatch)
+    if resume and resume.units:
+        staged = p | "ReplayStagedUnits" >> ReplayStagedUnits(area, resume.units, plan.progress_dir)
+        tokenized = (tokenized, staged.batches) | "WithStagedBatches" >> beam.Flatten()
+        corpus = Corpus(corpus.documents, *(
+            (getattr(corpus, tag), staged[tag]) | f"WithStaged_{tag}" >> beam.Flatten()
+            for tag in ("rejected", "line_counts", "counts")))
     counted = [corpus.counts, tokenized | "CountEmpty" >> beam.Map(lambda b: {"empty": b.empty})]
     batches = tokenized
     if plan.dedup_shards is not None:
@@ -58,7 +75,12 @@ def build_pipeline(p: beam.Pipeline, plan: JobPlan):
         counted += [tokenized | "CountSourceDocuments" >> beam.Map(count_source_documents, plan.source_of_input),
                     source_counts]
     shards, sizes = batches | "ShuffleGlobally" >> ShuffleGlobally(
-        plan.seed, plan.validation_fraction, plan.num_shards, sampling, plan.source_of_input, plan.spill_dir)
+        plan.seed, plan.validation_fraction, plan.num_shards, sampling, plan.source_of_input, plan.spill_dir,
+        resume.finished if resume else frozenset())
+    written = None
+    if resume and resume.shards:
+        written = p | "ReplayFinishedShards" >> ReplayFinishedShards(area, resume.shards)
+        sizes = (sizes, written[SIZES]) | "WithFinishedShards" >> beam.Flatten()
     if sampling is not None:
         counted.append(batches | "CountCopies" >> beam.Map(
             count_copies, plan.seed, plan.validation_fraction, plan.source_of_input, sampling))
@@ -77,11 +99,15 @@ def build_pipeline(p: beam.Pipeline, plan: JobPlan):
         p
         | "Once" >> beam.Impulse()
         | "CreateOutput" >> beam.ParDo(
-            CreateOutput(plan.target, plan.overwrite, plan.rejected_url, plan.expected_owner), layout_view))
+            CreateOutput(plan.target, plan.overwrite, plan.rejected_url, plan.expected_owner, area,
+                         keep_arrays=bool(resume and resume.keep_arrays),
+                         resumable=bool(resume and resume.take_unfinished)), layout_view))
     reports = corpus.rejected | "ReportRejectedLines" >> WriteRejectedLines(
         plan.rejected_url, beam.pvalue.AsList(corpus.line_counts), singleton(created), so, plan.target.run_id)
     ready = counts | "CheckRejectedFraction" >> beam.ParDo(
         CheckRejectedFraction(plan.max_rejected_fraction, plan.rejected_url),
         beam.pvalue.AsList(reports), singleton(created))
-    receipts = shards | "WriteFlatTokens" >> WriteFlatTokens(plan.target, layout_view, singleton(ready))
-    return (receipts, layout, counts) | "CommitDataset" >> CommitDataset(plan.target, plan.provenance, plan.mixture)
+    receipts = shards | "WriteFlatTokens" >> WriteFlatTokens(
+        plan.target, layout_view, singleton(ready), area, written, resume.chunks if resume else frozenset())
+    return (receipts, layout, counts) | "CommitDataset" >> CommitDataset(
+        plan.target, plan.provenance, plan.mixture, area)

@@ -166,6 +166,12 @@ OPTIONS: tuple[Option, ...] = (
                              help="true to replace an existing output written by this tool (it is uncommitted "
                                   "first, then deleted); anything else at the path is refused. With false the "
                                   "job refuses to touch an existing non-empty output")),
+    Option(name="restart", group="output", type=bool,
+           help="start over: throw away the work an unfinished run of this command kept at --output "
+                "(OUTPUT/.flat-tokens-staging) and its chunks, instead of resuming from them",
+           template=Template("Start over instead of resuming", "flag",
+                             help="true to throw away the work that an earlier, failed job with this output kept "
+                                  "there (and the chunks it wrote), instead of resuming from it")),
     Option(name="rejected_output", group="output", default_text="OUTPUT.rejected",
            help="directory for the rejected-lines report (file, line, reason, excerpt); "
                 "OUTPUT.rejected is next to the zarr group",

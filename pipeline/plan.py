@@ -50,6 +50,7 @@ class JobPlan:
     dedup_shards: int | None = None  # --dedup exact: shards of the dedup shuffle; None: no dedup
     mixture: mix.Mixture | None = None
     source_of_input: list[int] | None = None  # with a mixture: the source of each input index
+    resume: "Resume | None" = None  # noqa: F821 - what the staging area lets this run reuse (pipeline/resume.py)
 
     def read_ranges(self) -> list[ReadRange]:
         """The byte ranges of the JSONL files, each read by one worker."""

@@ -24,7 +24,7 @@ import apache_beam as beam  # noqa: E402
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions, StandardOptions
 from fsspec.core import url_to_fs
 
-from pipeline import VERSION, allocator
+from pipeline import VERSION, allocator, resume
 from pipeline.graph import build_pipeline
 from pipeline.plan import plan_job
 from pipeline.options import FlatTokensOptions, OptionError, ViewsMadeOnce, check_options, help_text, unknown_options
@@ -87,8 +87,9 @@ def output_bytes(url: str, storage_options: dict | None = None) -> int | None:
         return None
 
 
-def summarize(output: str, wall_seconds: float, storage_options: dict | None = None) -> dict:
-    """The end-of-run summary, from the committed dataset's own attributes."""
+def summarize(output: str, wall_seconds: float, storage_options: dict | None = None, reused=None) -> dict:
+    """The end-of-run summary, from the committed dataset's own attributes; `reused`: the
+    run's Resume (pipeline/resume.py), for how much of an earlier attempt it reused."""
     attrs = zarr_store.read_root_attributes(output, storage_options)
     stats = attrs["stats"]
     tokens = sum(stats[s]["tokens"] for s in ("train", "validation"))
@@ -99,7 +100,8 @@ def summarize(output: str, wall_seconds: float, storage_options: dict | None = N
             "tokens_per_second": round(tokens / wall_seconds, 1) if wall_seconds > 0 else None,
             "tokenizer": attrs.get("tokenizer"), "run_id": attrs.get("run_id"),
             "rejected_output": attrs.get("rejected_output") if stats["rejected"] else None,
-            "mixture": attrs.get("mixture")}
+            "mixture": attrs.get("mixture"),
+            "reused": reused.report(stats) if reused is not None else None}
 
 
 def format_summary(summary: dict) -> str:
@@ -116,6 +118,10 @@ def format_summary(summary: dict) -> str:
                      f"max_token_id {s[split]['max_token_id']}")
     if summary.get("mixture"):
         lines += source_table(summary["mixture"])
+    reused = summary.get("reused")
+    if reused and (reused["input_units"] or reused["chunks"]):
+        lines.append(f"  resumed: reused {reused['input_units']:,} of {reused['input_units_total']:,} input units, "
+                     f"{reused['chunks']:,} of {reused['chunks_total']:,} chunks")
     if summary["output_bytes"] is not None:
         per_token = f", {summary['bytes_per_token']} bytes/token" if summary["bytes_per_token"] else ""
         lines.append(f"  output: {summary['output_bytes'] / 2**20:,.1f} MB{per_token}")
@@ -171,7 +177,8 @@ def main(argv=None) -> int:
         if unknown:
             raise OptionError(f"unknown option {unknown[0]}; see --help")
         check_options(ft)
-        found = zarr_store.refuse_occupied(ft.output, ft.overwrite)  # before any data is read
+        # before any data is read; an unfinished output that this command made is resumed
+        found = zarr_store.refuse_occupied(ft.output, ft.overwrite, resumable=resume.same_command(ft))
         plan = plan_job(ft)
         plan.expected_owner = found.owner  # CreateOutput replaces only this, or stops
         inputs = [f.url for f in plan.files] + _tokenizer_file(ft.tokenizer) + ([ft.mixture] if ft.mixture else [])
@@ -179,6 +186,10 @@ def main(argv=None) -> int:
         zarr_store.check_writable(plan.target)
     except (OptionError, InputError, TokenizerError, zarr_store.OutputError) as e:
         return _fail(str(e), USAGE_ERROR)
+    plan.resume = resume.prepare(plan, ft, found, plan.target.storage_options)
+    resuming = resume.describe(plan.resume)
+    if resuming:
+        logs.log().info(resuming)
 
     started = time.time()
     local = options.view_as(StandardOptions).runner in LOCAL_RUNNERS
@@ -198,7 +209,7 @@ def main(argv=None) -> int:
                 spill.remove_directory(plan.spill_dir)
     if code is not None:
         return code
-    summary = summarize(ft.output, time.time() - started, plan.target.storage_options)
+    summary = summarize(ft.output, time.time() - started, plan.target.storage_options, plan.resume)
     if ft.summary_json:  # before printing: a closed stdout must not cost the scheduler its JSON
         with open(ft.summary_json, "w") as f:
             json.dump(summary, f, indent=2)

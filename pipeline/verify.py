@@ -38,7 +38,7 @@ import zarr
 
 from pipeline import VERSION
 from transforms.read.inputs import close_gcs_sessions_at_exit
-from transforms.write.ownership import CLAIM_PREFIX, conflicts
+from transforms.write.ownership import OWN_PREFIX, conflicts
 
 # After `import zarr`, so gcsfs sessions on zarr's event loop close before zarr stops it.
 close_gcs_sessions_at_exit()
@@ -132,8 +132,8 @@ def open_root(url: str, storage_options: dict | None = None) -> zarr.Group | Non
         # The root metadata is written last, so split children without it mean a crashed run.
         base = path.rstrip("/")
         if any(fs.exists(f"{base}/{name}") for name in SPLITS) or \
-                any(posixpath.basename(p).startswith(CLAIM_PREFIX) for p in fs.ls(base, detail=False)):
-            return None  # split groups, or only the claim a run writes first
+                any(posixpath.basename(p.rstrip("/")).startswith(OWN_PREFIX) for p in fs.ls(base, detail=False)):
+            return None  # split groups, or only what a run writes first: its claim, its staging area
         raise CannotOpen(f"{url} is not a zarr group ({type(e).__name__}: {e})") from None
 
 

@@ -58,19 +58,18 @@ def test_sigkill_at_any_moment_never_leaves_a_mixed_dataset_and_a_rerun_matches(
     texts = [f"document {i} " + "words and more words " * (i % 17) for i in range(3000)]
     for i in range(3):
         write_jsonl(tmp_path / "in" / f"part-{i}.jsonl", texts[i::3])
-    temp = tmp_path / "temp"  # where a local run spills its tokenized batches (transforms/shuffle/spill.py)
-    temp.mkdir()
     args = ["--input", tmp_path / "in", "--tokenizer", "bytes", "--num_shards", "6", "--tokens_chunk_size", "256",
-            "--seq_starts_chunk_size", "64", "--batch_documents", "50", "--temp_location", temp]
+            "--seq_starts_chunk_size", "64", "--batch_documents", "50"]
     old, ref, out = tmp_path / "old.zarr", tmp_path / "ref.zarr", tmp_path / "out.zarr"
     run_pipeline(*args, "--output", old, "--seed", "1")  # a different finished dataset
     run_pipeline(*args, "--output", ref)
     total_chunks = chunk_files(ref)
-    # Kill points, by what the run has done: reading (its first tokenized batch is spilled;
-    # the output is claimed only once every batch is); just uncommitted the old dataset;
-    # written a few chunks; written half of them.
+    # Kill points, by what the run has done: reading (its first tokenized batch is staged
+    # under the output, transforms/staging.py; the output is claimed only once every batch
+    # is); just uncommitted the old dataset; written a few chunks; written half of them.
+    units = out / ".flat-tokens-staging" / "units"
     kill_when = {
-        "reading": lambda started: any(files for _, _, files in os.walk(temp)),
+        "reading": lambda started: any(files for _, _, files in os.walk(units)),
         "uncommitted": lambda started: not (out / ".zgroup").exists(),
         "a few chunks": lambda started: chunk_files(out) > 3 and not (out / ".zgroup").exists(),
         "half the chunks": lambda started: chunk_files(out) > total_chunks // 2 and not (out / ".zgroup").exists(),
