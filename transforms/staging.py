@@ -215,7 +215,7 @@ class StagingArea:
     def read_json(self, name: str) -> dict | None:
         try:
             value = json.loads(self.fs.cat_file(self.path(name)))
-        except (FileNotFoundError, ValueError, UnicodeDecodeError):
+        except (OSError, ValueError, UnicodeDecodeError):  # absent, or --output is not a directory
             return None
         return value if isinstance(value, dict) else None
 
