@@ -54,7 +54,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 import zarr
 
-from pipeline import verify
+from pipeline import read_guard, verify
+from pipeline.read_guard import DatasetError, DatasetReplaced, MissingChunk, RunGuard  # noqa: F401 (API)
 
 SPLITS = ("train", "validation")
 TOKENS = "encoded_tokens"
@@ -71,21 +72,20 @@ BUFFER_BLOCKS = 32
 READ_THREADS = 4  # concurrent block reads while a shuffle buffer loads (object stores: latency)
 
 
-class DatasetError(Exception):
-    """The dataset cannot be read: missing, not committed, or not a flat-tokens dataset."""
-
-
 class UncommittedDataset(DatasetError):
     """The dataset exists but its run did not commit it (it may be half written)."""
 
 
-def _open_committed_root(url: str, storage_options: dict | None) -> zarr.Group:
+def _open_committed_root(url: str, storage_options: dict | None) -> tuple[zarr.Group, RunGuard]:
+    """The root group, opened so that a missing chunk raises (read_guard), and the guard that
+    tells whether the run opened is still the committed one."""
     try:
-        root = verify.open_root(str(url), storage_options)
+        found = verify.open_root(str(url), storage_options)
     except verify.CannotOpen as e:
         raise DatasetError(str(e)) from None
-    if root is None:
+    if found is None:
         raise UncommittedDataset(f"{url}: {verify.UNFINISHED}")
+    root = read_guard.open_group(str(url), storage_options)
     attrs = dict(root.attrs)
     unfinished = verify.check_commit(attrs)
     if unfinished:
@@ -93,7 +93,7 @@ def _open_committed_root(url: str, storage_options: dict | None) -> zarr.Group:
     problems = verify.check_format(attrs)
     if problems:
         raise DatasetError(f"{url}: {problems[0]}")
-    return root
+    return root, RunGuard(str(url), storage_options, root.metadata.zarr_format, read_guard.run_identity(attrs))
 
 
 def _member(group: zarr.Group, url: str, split: str, name: str, kind: str, itemsize: int) -> zarr.Array:
@@ -248,13 +248,18 @@ class FlatTokensSplit:
     """One split (``train`` or ``validation``) of a committed flat-tokens dataset."""
 
     def __init__(self, url: str, split: str = "train", storage_options: dict | None = None, *,
-                 _root: zarr.Group | None = None):
+                 _opened: tuple[zarr.Group, RunGuard] | None = None, _identity: str | None = None):
         if split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
         self.url = str(url)
         self.split = split
         self.storage_options = dict(storage_options or {})
-        root = _root if _root is not None else _open_committed_root(self.url, self.storage_options)
+        root, self._guard = _opened if _opened is not None else _open_committed_root(self.url, self.storage_options)
+        if _identity is not None and _identity != self._guard.identity:
+            # An unpickled split must go on reading the run its original opened, not a newer one.
+            raise DatasetReplaced(f"{self.url}: the dataset was replaced after this reader was opened (run "
+                                  f"{_identity} was opened, the committed one is now {self._guard.identity}); "
+                                  f"open it again to read the new one")
         if split not in root or not isinstance(root[split], zarr.Group):
             raise DatasetError(f"{self.url}: no split group {split}")
         group = root[split]
@@ -272,10 +277,26 @@ class FlatTokensSplit:
 
     # -- pickling: by URL, so workers reopen the store themselves -------------------------------
     def __getstate__(self):
-        return {"url": self.url, "split": self.split, "storage_options": self.storage_options}
+        return {"url": self.url, "split": self.split, "storage_options": self.storage_options,
+                "run": self._guard.identity}
 
     def __setstate__(self, state):
-        self.__init__(state["url"], state["split"], state["storage_options"])
+        self.__init__(state["url"], state["split"], state["storage_options"], _identity=state.get("run"))
+
+    @property
+    def run_id(self) -> str:
+        """The run whose dataset this reader serves (its `run_id`, or a digest of the root
+        attributes of a dataset without one). Every read checks that it is still the committed
+        one at the URL, and raises DatasetReplaced otherwise."""
+        return self._guard.identity
+
+    def _read(self, arr, lo: int, hi: int, check: bool = True) -> np.ndarray:
+        """arr[lo:hi]: a missing chunk raises MissingChunk (read_guard), and with `check` the run
+        is confirmed after the read, so the values are the opened run's or an error is raised."""
+        values = np.asarray(arr[lo:hi])
+        if check:
+            self._guard.check()
+        return values
 
     def __repr__(self) -> str:
         return (f"FlatTokensSplit({self.url!r}, {self.split!r}: {self.num_sequences} sequences, "
@@ -325,7 +346,7 @@ class FlatTokensSplit:
         lo = start
         while lo <= stop:  # seq_starts[start:stop + 1], one aligned read at a time
             hi = min(stop + 1, (lo // s_unit + 1) * s_unit)
-            bounds = np.concatenate([np.array(carry, np.int64), np.asarray(self._starts[lo:hi]).astype(np.int64)])
+            bounds = np.concatenate([np.array(carry, np.int64), self._read(self._starts, lo, hi).astype(np.int64)])
             carry, lo = [int(bounds[-1])], hi
             if buf_hi < 0:
                 buf_lo = buf_hi = int(bounds[0]) // t_unit * t_unit
@@ -334,7 +355,7 @@ class FlatTokensSplit:
                 a = int(bounds[i])
                 if bounds[i + 1] > buf_hi:  # sequence i ends beyond the buffer: read on, aligned
                     new_hi = min(self.num_tokens, _round_up(int(bounds[i + 1]), t_unit))
-                    new = np.asarray(self._tokens[buf_hi:new_hi])
+                    new = self._read(self._tokens, buf_hi, new_hi)
                     if a < buf_hi:
                         buf, buf_lo = np.concatenate([buf[a - buf_lo:], new]), a
                     else:
@@ -347,13 +368,14 @@ class FlatTokensSplit:
     def sequence_bounds(self, i) -> tuple[int, int]:
         """[start, end) of sequence i in encoded_tokens: one read of seq_starts[i:i+2]."""
         k = _index(i, self.num_sequences, "sequence")
-        a, b = (int(x) for x in self._starts[k:k + 2])
+        a, b = (int(x) for x in self._read(self._starts, k, k + 2))
         return a, b
 
     def encoded_sequence(self, i) -> np.ndarray:
-        """The stored (encoded) tokens of sequence i: two reads."""
-        a, b = self.sequence_bounds(i)
-        return np.asarray(self._tokens[a:b])
+        """The stored (encoded) tokens of sequence i: two reads (and one check of the run)."""
+        k = _index(i, self.num_sequences, "sequence")
+        a, b = (int(x) for x in self._read(self._starts, k, k + 2, check=False))
+        return self._read(self._tokens, a, b)
 
     def sequence(self, i) -> np.ndarray:
         """Token ids (int32) of sequence i: two reads, seq_starts[i:i+2] then the tokens."""
@@ -366,7 +388,7 @@ class FlatTokensSplit:
             raise IndexError(f"sequence range [{lo}, {hi}) not within [0, {self.num_sequences}]")
         if lo == hi:
             return np.empty(0, np.int64)
-        return np.diff(np.asarray(self._starts[lo:hi + 1]).astype(np.int64))
+        return np.diff(self._read(self._starts, lo, hi + 1).astype(np.int64))
 
     def iter_sequence_lengths(self, block: int = 1 << 20) -> Iterator[np.ndarray]:
         """All sequence lengths, in order, in blocks of at most `block` (bounded memory)."""
@@ -388,7 +410,7 @@ class FlatTokensSplit:
         Full windows only unless partial=True, which also serves the last, shorter window."""
         length = _positive(length)
         k = _index(i, self.num_windows(length, partial), f"window (length {length})")
-        return np.asarray(self._tokens[k * length:min(self.num_tokens, (k + 1) * length)])
+        return self._read(self._tokens, k * length, min(self.num_tokens, (k + 1) * length))
 
     def packed_inputs_targets(self, i, length: int, partial: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """(inputs, targets) of window i, int32, per the format's rule (see inputs_targets)."""
@@ -399,8 +421,12 @@ class FlatTokensSplit:
         length = _positive(length)
         indices = list(indices)
         windows = np.empty((len(indices), length), np.uint32)
+        n = self.num_windows(length)
         for row, i in enumerate(indices):
-            windows[row] = self.packed(i, length)
+            k = _index(i, n, f"window (length {length})")
+            windows[row] = self._read(self._tokens, k * length, (k + 1) * length, check=False)
+        if indices:
+            self._guard.check()  # once for the batch: every window read before it is the opened run's
         return inputs_targets(windows)
 
     def packed_batches(self, length: int, batch_size: int, *, seed: int = 0, start_step: int = 0,
@@ -472,10 +498,10 @@ class FlatTokensSplit:
 
     def _read_windows(self, out: np.ndarray, window: int, length: int) -> None:
         """Reads len(out) consecutive windows, from `window` on, into out: one contiguous read."""
-        out[...] = np.asarray(self._tokens[window * length:(window + len(out)) * length]).reshape(out.shape)
+        out[...] = self._read(self._tokens, window * length, (window + len(out)) * length).reshape(out.shape)
 
 
 def open_dataset(url: str, storage_options: dict | None = None) -> dict[str, FlatTokensSplit]:
     """Both splits of a committed dataset: ``{"train": ..., "validation": ...}``."""
-    root = _open_committed_root(str(url), storage_options)
-    return {s: FlatTokensSplit(url, s, storage_options, _root=root) for s in SPLITS}
+    opened = _open_committed_root(str(url), storage_options)
+    return {s: FlatTokensSplit(url, s, storage_options, _opened=opened) for s in SPLITS}
