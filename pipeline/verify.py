@@ -37,7 +37,7 @@ import numpy as np
 import zarr
 
 from pipeline import VERSION
-from transforms.read.inputs import close_gcs_sessions_at_exit
+from transforms.gcs import close_gcs_sessions_at_exit
 from transforms.write.ownership import CLAIM_PREFIX, conflicts
 
 # After `import zarr`, so gcsfs sessions on zarr's event loop close before zarr stops it.

@@ -18,7 +18,7 @@ import numpy as np
 import zarr
 from fsspec.core import url_to_fs
 
-from transforms.read.inputs import close_gcs_sessions_at_exit
+from transforms.gcs import close_gcs_sessions_at_exit
 from transforms.write import ownership
 from transforms.write.ownership import OutputError, OutputTaken  # noqa: F401 - part of this module's API
 
