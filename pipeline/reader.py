@@ -464,9 +464,16 @@ class FlatTokensSplit:
         k = _index(i, self.num_sequences, "sequence")
         return int(self._read(arr, k, k + 1)[0])
 
+    def sequence_at(self, token: int) -> int:
+        """The sequence holding token `token` (in [0, num_tokens)): a few chunk reads of
+        seq_starts, however large the split."""
+        found = self._sequence_at(_index(token, self.num_tokens, "token"), {})
+        self._guard.check()
+        return found
+
     def _sequence_at(self, token: int, firsts: dict) -> int:
-        """The sequence holding token `token` (< num_tokens): a binary search over seq_starts'
-        chunks (their first entries, remembered in `firsts`), then one chunk read."""
+        """sequence_at: a binary search over seq_starts' chunks (their first entries, remembered
+        in `firsts`), then one chunk read. The caller checks the run."""
         unit = int(self._starts.chunks[0])
         lo, hi = 0, (self.num_sequences + unit) // unit - 1  # chunks 0..hi; chunk 0 starts at token 0
         while lo < hi:
