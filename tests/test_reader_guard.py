@@ -165,3 +165,12 @@ def test_on_gcs(gcs, written, corpus, change):
         assert found == dict.fromkeys(found, "DatasetReplaced") and len(found) == 6
     else:
         assert set(found.values()) <= {"MissingChunk", "DatasetReplaced", "DatasetError"} and len(found) == 6, found
+
+
+def test_a_lost_shard_raises_with_zarr_3(corpus, tmp_path):
+    out = write(corpus, tmp_path / "v3.zarr", "--zarr_format", "3", "--chunks_per_shard", "2")
+    (out / "train" / "encoded_tokens" / "c" / "1").unlink()  # one shard object: chunks 2 and 3
+    train = FlatTokensSplit(str(out))
+    assert train.packed(1, CHUNK).any()
+    with pytest.raises(MissingChunk, match="encoded_tokens/c/1"):
+        train.packed(2, CHUNK)
