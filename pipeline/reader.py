@@ -11,9 +11,12 @@
 
     for ids in train: ...                  # every sequence in order, read block by block
     for inputs, targets in train.packed_batches(2048, 32, seed=0, start_step=0): ...
+    train.packed_batches(2048, 32, rank=1, world_size=4, segments=True, sources=True)  # -> Batch
 
 Only a committed dataset opens (root attributes ``format == "flat-tokens"`` and
-``complete is True``); anything else raises DatasetError. Opening reads metadata only;
+``complete is True``); anything else raises DatasetError. Reads never serve zeros or another
+dataset's data (pipeline/read_guard.py): a missing chunk raises MissingChunk, and a dataset
+deleted or replaced after it was opened raises DatasetReplaced at the next read. Opening reads metadata only;
 every access reads exactly the slices it needs, so memory stays bounded whatever the size of
 the dataset, and random access is O(1) in it. Nothing is cached: a FlatTokensSplit holds no
 mutable state after construction, so one instance may be shared by reader threads (each
