@@ -48,7 +48,8 @@ def build_pipeline(p: beam.Pipeline, plan: JobPlan):
     batches = tokenized
     if plan.dedup_shards is not None:
         distinct = tokenized | "DropDuplicates" >> DropDuplicates(
-            plan.seed, plan.validation_fraction, plan.dedup_shards, plan.source_of_input)
+            plan.seed, plan.validation_fraction, plan.dedup_shards,
+            plan.source_of_input if plan.mixture is not None else plan.record_sources)
         batches = distinct.batches
         counted.append(distinct.counts)
     sampling = None
@@ -58,7 +59,8 @@ def build_pipeline(p: beam.Pipeline, plan: JobPlan):
         counted += [tokenized | "CountSourceDocuments" >> beam.Map(count_source_documents, plan.source_of_input),
                     source_counts]
     shards, sizes = batches | "ShuffleGlobally" >> ShuffleGlobally(
-        plan.seed, plan.validation_fraction, plan.num_shards, sampling, plan.source_of_input, plan.spill_dir)
+        plan.seed, plan.validation_fraction, plan.num_shards, sampling, plan.source_of_input, plan.spill_dir,
+        plan.record_sources)
     if sampling is not None:
         counted.append(batches | "CountCopies" >> beam.Map(
             count_copies, plan.seed, plan.validation_fraction, plan.source_of_input, sampling))

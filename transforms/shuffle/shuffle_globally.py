@@ -17,6 +17,7 @@ from transforms.read.inputs import input_index
 from transforms.records import SPLITS, DistinctBatch, EncodedTokens, ShardPart, ShardSize, SortedShard, TokenizedBatch
 from transforms.segments import SLICE_WHEN_AVERAGE_LENGTH, gather_segments, groups_of, take_documents
 from transforms.shuffle import spill
+from transforms.shuffle.sources import document_sources
 
 # Shards whose documents are at least this long on average are not gathered into one array
 # here: the writer copies each chunk's documents straight from the parts as it encodes the
@@ -75,13 +76,15 @@ def copies_of(doc: DocumentKeys, sampling) -> np.ndarray:
 
 def split_and_shard(batch: TokenizedBatch | DistinctBatch, seed: int, validation_fraction: float,
                     num_shards: dict[str, int], sampling=None, source_of_input: list[int] | None = None,
-                    spilled_to: str | None = None):
+                    spilled_to: str | None = None, record_sources: list[int] | None = None):
     """Yields ((split, shard), ShardPart) for each (split, shard) that the batch's documents
     (and with a mixture's `sampling`, their copies: each with its own place) hit.
 
     Each part carries its documents' ids, or with `spilled_to` (the file holding the batch's
-    ids: transforms.shuffle.spill) where each of its documents starts in that file."""
+    ids: transforms.shuffle.spill) where each of its documents starts in that file; with
+    `record_sources` (the recorded source of each input index), each document's source."""
     doc = document_keys(batch, seed, validation_fraction, source_of_input)
+    recorded = None if record_sources is None else document_sources(batch, record_sources)
     starts = np.cumsum(batch.lengths) - batch.lengths
     if spilled_to is not None and batch.lengths.size:
         # Where documents start in the file travels with every part through the runner's
@@ -104,7 +107,7 @@ def split_and_shard(batch: TokenizedBatch | DistinctBatch, seed: int, validation
         g = int(g)
         docs = members if of_copy is None else of_copy[members]
         placed = dict(order_hashes=order_hashes[members], salts=doc.ties[0][docs], offsets=doc.ties[1][docs],
-                      lengths=batch.lengths[docs])
+                      lengths=batch.lengths[docs], sources=None if recorded is None else recorded[docs])
         if spilled_to is None:
             part = ShardPart.of(**placed, ids=take_documents(batch.ids, starts[docs], batch.lengths[docs]))
         else:
@@ -166,23 +169,25 @@ def sort_shard(keyed_parts) -> SortedShard:
     # Each part's ids are copied out of its spill file one part at a time, so that only one
     # file is mapped (and counted in the resident size) at once.
     part_ids = [p.ids() for p in parts]
+    sources = None if parts[0].sources is None else np.concatenate([p.sources for p in parts])[order]
     average = int(lengths.sum()) / max(lengths.size, 1)
     if average < SLICE_WHEN_AVERAGE_LENGTH:
         ids = part_ids[0] if len(parts) == 1 else np.concatenate(part_ids)
         del part_ids
         return SortedShard(split, shard, sorted_lengths,
-                           EncodedTokens.of(gather_segments(ids, lengths, order), sorted_lengths))
+                           EncodedTokens.of(gather_segments(ids, lengths, order), sorted_lengths), sources)
     part_of = np.repeat(np.arange(len(parts)), [p.lengths.size for p in parts])
     start_in_part = np.concatenate([np.cumsum(p.lengths) - p.lengths for p in parts])
     if average >= GATHER_WHILE_WRITING_AVERAGE_LENGTH:
         # The writer copies each chunk's documents out of the parts as it encodes the chunk.
         return SortedShard(split, shard, sorted_lengths,
-                           EncodedTokens.gathered(part_ids, part_of[order], start_in_part[order], sorted_lengths))
+                           EncodedTokens.gathered(part_ids, part_of[order], start_in_part[order], sorted_lengths),
+                           sources)
     # Longer documents: slice them out of the parts directly (concatenating the parts first
     # would copy every id once more).
     ids = np.concatenate([part_ids[i][a:a + n] for i, a, n in
                           zip(part_of[order].tolist(), start_in_part[order].tolist(), sorted_lengths.tolist())])
-    return SortedShard(split, shard, sorted_lengths, EncodedTokens.of(ids, sorted_lengths))
+    return SortedShard(split, shard, sorted_lengths, EncodedTokens.of(ids, sorted_lengths), sources)
 
 
 class KeyByShard(beam.DoFn):
@@ -192,18 +197,19 @@ class KeyByShard(beam.DoFn):
     on (transforms/shuffle/spill.py)."""
 
     def __init__(self, seed: int, validation_fraction: float, num_shards: dict[str, int],
-                 spill_dir: str | None = None):
+                 spill_dir: str | None = None, record_sources: list[int] | None = None):
         self._seed = seed
         self._validation_fraction = validation_fraction
         self._num_shards = num_shards
         self._spill_dir = spill_dir
+        self._record_sources = record_sources
 
     def process(self, batch, sampling=None, source_of_input=None):
         spilled_to = None
         if self._spill_dir and batch.lengths.size:
             spilled_to = spill.spill_ids(self._spill_dir, *batch_identity(batch), batch.ids)
         yield from split_and_shard(batch, self._seed, self._validation_fraction, self._num_shards,
-                                   sampling, source_of_input, spilled_to)
+                                   sampling, source_of_input, spilled_to, self._record_sources)
 
 
 def batch_identity(batch) -> tuple[str, int]:
@@ -221,8 +227,10 @@ class ShuffleGlobally(beam.PTransform):
     says how many copies of each train document to make."""
 
     def __init__(self, seed: int, validation_fraction: float, num_shards: dict[str, int],
-                 sampling=None, source_of_input: list[int] | None = None, spill_dir: str | None = None):
+                 sampling=None, source_of_input: list[int] | None = None, spill_dir: str | None = None,
+                 record_sources: list[int] | None = None):
         super().__init__()
+        self._record_sources = record_sources
         self._seed = seed
         self._validation_fraction = validation_fraction
         self._num_shards = num_shards
@@ -231,7 +239,8 @@ class ShuffleGlobally(beam.PTransform):
 
     def expand(self, batches):
         parts = batches | "KeyByShard" >> beam.ParDo(KeyByShard(
-            self._seed, self._validation_fraction, self._num_shards, self._spill_dir), **self._mixing,
+            self._seed, self._validation_fraction, self._num_shards, self._spill_dir, self._record_sources),
+            **self._mixing,
         ).with_output_types(tuple[tuple[str, int], ShardPart])
         sizes = parts | "MeasureParts" >> beam.Map(size_of)
         shards = (

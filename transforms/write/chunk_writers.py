@@ -22,7 +22,7 @@ from transforms.records import SortedShard
 from transforms.write import layout as plan
 from transforms.write import ownership
 from transforms.write import zarr_store as store
-from transforms.write.zarr_store import SEQ_STARTS, SPLITS, TOKENS, StoreTarget
+from transforms.write.zarr_store import SEQ_SOURCES, SEQ_STARTS, SPLITS, TOKENS, StoreTarget, array_length
 
 
 class _ArrayCache:
@@ -100,6 +100,8 @@ class WriteOwnedChunks(beam.DoFn):
         starts = (np.cumsum(shard.lengths) - shard.lengths).astype(np.uint64) + np.uint64(token_offset)
         pieces = ((TOKENS, token_offset, shard.tokens, split.tokens),
                   (SEQ_STARTS, seq_offset, starts, split.sequences + 1))
+        if self._target.record_sources:  # the sources of the shard's sequences, laid out like their starts
+            pieces += ((SEQ_SOURCES, seq_offset, shard.sources, split.sequences),)
         futures = []  # tracked before the first write starts, so that even a failure midway is settled
         self._pending = (f"{shard.split} shard {shard.shard}'s chunks", futures)
         yield from self._write(shard.split, pieces, futures)
@@ -158,7 +160,7 @@ class WriteSharedChunks(beam.DoFn):
 
     def process(self, keyed, layout, ready):
         (split, name, index), fragments = keyed
-        length = layout[split].tokens if name == TOKENS else layout[split].sequences + 1
+        length = array_length(name, layout[split].tokens, layout[split].sequences)
         a, b = plan.block_span(index, self._target.write_block(name), length)
         fragments = sorted(fragments, key=lambda f: f[0])
         position = a
