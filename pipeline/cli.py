@@ -11,6 +11,7 @@ COMMANDS = {
     "run": ("pipeline.run", "turn a JSONL corpus into a shuffled, tokenized flat-tokens dataset"),
     "verify": ("pipeline.verify", "check every invariant of a dataset; non-zero exit on any violation"),
     "inspect": ("pipeline.inspect", "summarize a dataset, show sequences and packed windows"),
+    "export": ("pipeline.export", "write a dataset as Megatron-LM .bin/.idx pairs (a Beam job)"),
 }
 
 

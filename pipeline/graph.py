@@ -65,7 +65,8 @@ def build_pipeline(p: beam.Pipeline, plan: JobPlan):
     batches = tokenized
     if plan.dedup_shards is not None:
         distinct = tokenized | "DropDuplicates" >> DropDuplicates(
-            plan.seed, plan.validation_fraction, plan.dedup_shards, plan.source_of_input)
+            plan.seed, plan.validation_fraction, plan.dedup_shards,
+            plan.source_of_input if plan.mixture is not None else plan.record_sources)
         batches = distinct.batches
         counted.append(distinct.counts)
     sampling = None
@@ -76,7 +77,7 @@ def build_pipeline(p: beam.Pipeline, plan: JobPlan):
                     source_counts]
     shards, sizes = batches | "ShuffleGlobally" >> ShuffleGlobally(
         plan.seed, plan.validation_fraction, plan.num_shards, sampling, plan.source_of_input, plan.spill_dir,
-        resume.finished if resume else frozenset())
+        plan.record_sources, resume.finished if resume else frozenset())
     written = None
     if resume and resume.shards:
         written = p | "ReplayFinishedShards" >> ReplayFinishedShards(area, resume.shards)

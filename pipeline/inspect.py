@@ -193,12 +193,29 @@ def storage_bytes(url: str, split: str, storage_options: dict | None) -> int | N
 # Collecting the report
 
 
+def source_counts(split: FlatTokensSplit, block: int) -> list[dict] | None:
+    """Sequences and tokens of each recorded source (--record_sources), in bounded blocks;
+    None for a dataset that does not record sources."""
+    if split.source_names is None:
+        return None
+    n = len(split.source_names)
+    sequences, tokens = np.zeros(n, np.int64), np.zeros(n, np.int64)
+    for lo in range(0, split.num_sequences, block):
+        hi = min(split.num_sequences, lo + block)
+        ids = split.sources(slice(lo, hi)).astype(np.int64)
+        sequences += np.bincount(ids, minlength=n)[:n]
+        tokens += np.bincount(ids, weights=split.sequence_lengths(lo, hi), minlength=n)[:n].astype(np.int64)
+    return [{"name": name, "sequences": int(a), "tokens": int(b)}
+            for name, a, b in zip(split.source_names, sequences, tokens)]
+
+
 def split_report(split: FlatTokensSplit, block: int, du: bool) -> dict:
     dist = length_distribution(split, block)
     size = storage_bytes(split.url, split.split, split.storage_options) if du else None
     return {"sequences": split.num_sequences, "tokens": split.num_tokens, "max_token_id": split.max_token_id,
             "length": dist.summary(), "histogram": dist.histogram(), "bytes": size,
-            "bytes_per_token": round(size / split.num_tokens, 3) if size is not None and split.num_tokens else None}
+            "bytes_per_token": round(size / split.num_tokens, 3) if size is not None and split.num_tokens else None,
+            "sources": source_counts(split, block)}
 
 
 def sequences_report(split: FlatTokensSplit, n: int, decoder, max_chars: int) -> list[dict]:
@@ -303,6 +320,11 @@ def render(report: dict) -> str:
             if s["bytes_per_token"] is not None:
                 line += f" ({s['bytes_per_token']:.2f} bytes/token)"
         out.append(line)
+        if s.get("sources"):
+            width = max(len(e["name"]) for e in s["sources"]) + 1
+            out.append("    per source (seq_sources):")
+            out += [f"      {e['name'] + ':':<{width}}  {_num(e['sequences'])} sequences, {_num(e['tokens'])} tokens"
+                    for e in s["sources"]]
         length = s["length"]
         if length is None:
             out.append("    (empty split)")

@@ -179,6 +179,14 @@ OPTIONS: tuple[Option, ...] = (
                              example="gs://my-bucket/flat-tokens/rejected/2024-06-01",
                              help="Cloud Storage folder for the report of rejected input lines (file, line, "
                                   "reason, excerpt); OUTPUT.rejected is next to the zarr group")),
+    Option(name="record_sources", group="output", type=bool,
+           help="also write each split's seq_sources: the source (mixture source, or --input pattern) of every "
+                "sequence, one uint16 each, and the names as the root attribute sources; an extension plain "
+                "flat-tokens readers ignore (always on with --mixture)",
+           template=Template("Record each sequence's source", "flag",
+                             help="true to also write each split's seq_sources array: the source (mixture source, "
+                                  "or input pattern) of every sequence, an extension plain flat-tokens readers "
+                                  "ignore; always on with a mixture")),
     Option(name="zarr_format", group="output", type=int, default=2, choices=(2, 3),
            help="2 (readable by zarr 2.x and seqax) or 3",
            template=Template("Zarr format", "choice",

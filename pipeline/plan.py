@@ -10,13 +10,14 @@ import uuid
 from dataclasses import dataclass, field, replace
 
 from pipeline import __version__
-from pipeline.options import DEFAULT_SHARD_MB, FlatTokensOptions, validation_fraction
+from pipeline.options import DEFAULT_SHARD_MB, FlatTokensOptions, OptionError, validation_fraction
 from transforms.read import mixture as mix
 from transforms.read.corpus import peek_input
 from transforms.read.inputs import (JSONL, InputFile, ReadRange, check_no_overlap, check_readable, input_index,
                                     list_input_files, read_ranges)
 from transforms.read.jsonl_documents import check_text_key
 from transforms.read.parquet import RowGroup, list_row_groups
+from transforms.shuffle.sources import MAX_SOURCES
 from transforms.tokenize.tokenizer import TokenizerInfo, resolve_tokenizer
 from transforms.write.zarr_store import StoreTarget
 
@@ -50,6 +51,7 @@ class JobPlan:
     dedup_shards: int | None = None  # --dedup exact: shards of the dedup shuffle; None: no dedup
     mixture: mix.Mixture | None = None
     source_of_input: list[int] | None = None  # with a mixture: the source of each input index
+    record_sources: list[int] | None = None  # --record_sources: the recorded source of each input index
     resume: "Resume | None" = None  # noqa: F821 - what the staging area lets this run reuse (pipeline/resume.py)
 
     def read_ranges(self) -> list[ReadRange]:
@@ -143,10 +145,12 @@ def plan_job(o: FlatTokensOptions, storage_options: dict | None = None, run_id: 
     check_text_key(peek, o.text_key)  # for every tokenizer: a wrong key would reject every line
     tokenizer = resolve_tokenizer(o.tokenizer, storage_options, o.tokenizer_backend, peek.texts,
                                   o.tokenizer_check_fraction)
+    record, names = _recorded_sources(o, inputs)
     target = StoreTarget(
         url=o.output, zarr_format=o.zarr_format, tokens_chunk=o.tokens_chunk_size,
         seq_starts_chunk=o.seq_starts_chunk_size, chunks_per_shard=o.chunks_per_shard or None,
-        codec=o.codec, run_id=run_id or uuid.uuid4().hex, storage_options=storage_options)
+        codec=o.codec, run_id=run_id or uuid.uuid4().hex, storage_options=storage_options,
+        record_sources=record is not None)
     provenance = {
         "tokenizer": tokenizer.provenance(),
         "seed": o.seed,
@@ -161,6 +165,8 @@ def plan_job(o: FlatTokensOptions, storage_options: dict | None = None, run_id: 
         "run_id": target.run_id,
         "rejected_output": rejected_output(o),
     }
+    if names is not None:
+        provenance["sources"] = names
     return JobPlan(
         files=train_files + valid_files, tokenizer=tokenizer, target=target, seed=o.seed,
         validation_fraction=fraction, num_shards=num_shards, text_key=o.text_key,
@@ -168,7 +174,24 @@ def plan_job(o: FlatTokensOptions, storage_options: dict | None = None, run_id: 
         max_rejected_fraction=o.max_rejected_fraction, rejected_url=rejected_output(o),
         input_bytes=all_bytes, provenance=provenance, row_groups=row_groups,
         dedup_shards=(o.num_shards or auto_shards(all_bytes)) if o.dedup == "exact" else None,
-        mixture=inputs.mixture, source_of_input=inputs.source_of_input)
+        mixture=inputs.mixture, source_of_input=inputs.source_of_input, record_sources=record)
+
+
+def _recorded_sources(o: FlatTokensOptions, inputs: _Inputs) -> tuple[list[int] | None, list[str] | None]:
+    """With --record_sources (always with a mixture): the recorded source of each input index
+    and the sources' names (the mixture's sources, else the --input then --validation_input
+    patterns); else (None, None)."""
+    if inputs.mixture is not None:
+        record, names = inputs.source_of_input, [s.name for s in inputs.mixture.sources]
+    elif o.record_sources:
+        names = list(o.input) + list(o.validation_input or [])
+        record = list(range(len(names)))
+    else:
+        return None, None
+    if len(names) > MAX_SOURCES:
+        raise OptionError(f"--record_sources: {len(names)} sources, but source ids are uint16: at most "
+                          f"{MAX_SOURCES} (use a glob or a directory for many files)")
+    return record, names
 
 
 def rejected_output(o: FlatTokensOptions) -> str:

@@ -11,9 +11,12 @@
 
     for ids in train: ...                  # every sequence in order, read block by block
     for inputs, targets in train.packed_batches(2048, 32, seed=0, start_step=0): ...
+    train.packed_batches(2048, 32, rank=1, world_size=4, segments=True, sources=True)  # -> Batch
 
 Only a committed dataset opens (root attributes ``format == "flat-tokens"`` and
-``complete is True``); anything else raises DatasetError. Opening reads metadata only;
+``complete is True``); anything else raises DatasetError. Reads never serve zeros or another
+dataset's data (pipeline/read_guard.py): a missing chunk raises MissingChunk, and a dataset
+deleted or replaced after it was opened raises DatasetReplaced at the next read. Opening reads metadata only;
 every access reads exactly the slices it needs, so memory stays bounded whatever the size of
 the dataset, and random access is O(1) in it. Nothing is cached: a FlatTokensSplit holds no
 mutable state after construction, so one instance may be shared by reader threads (each
@@ -50,15 +53,18 @@ from __future__ import annotations
 import operator
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import NamedTuple
 
 import numpy as np
 import zarr
 
-from pipeline import verify
+from pipeline import read_guard, verify
+from pipeline.read_guard import DatasetError, DatasetReplaced, MissingChunk, RunGuard  # noqa: F401 (API)
 
 SPLITS = ("train", "validation")
 TOKENS = "encoded_tokens"
 SEQ_STARTS = "seq_starts"
+SEQ_SOURCES = "seq_sources"  # an extension (--record_sources): the source of each sequence
 
 # Sequential reads take about this many items per read, rounded up to whole chunks: a few MB,
 # so each chunk is decompressed once and memory stays bounded whatever the dataset's size.
@@ -71,21 +77,20 @@ BUFFER_BLOCKS = 32
 READ_THREADS = 4  # concurrent block reads while a shuffle buffer loads (object stores: latency)
 
 
-class DatasetError(Exception):
-    """The dataset cannot be read: missing, not committed, or not a flat-tokens dataset."""
-
-
 class UncommittedDataset(DatasetError):
     """The dataset exists but its run did not commit it (it may be half written)."""
 
 
-def _open_committed_root(url: str, storage_options: dict | None) -> zarr.Group:
+def _open_committed_root(url: str, storage_options: dict | None) -> tuple[zarr.Group, RunGuard]:
+    """The root group, opened so that a missing chunk raises (read_guard), and the guard that
+    tells whether the run opened is still the committed one."""
     try:
-        root = verify.open_root(str(url), storage_options)
+        found = verify.open_root(str(url), storage_options)
     except verify.CannotOpen as e:
         raise DatasetError(str(e)) from None
-    if root is None:
+    if found is None:
         raise UncommittedDataset(f"{url}: {verify.UNFINISHED}")
+    root = read_guard.open_group(str(url), storage_options)
     attrs = dict(root.attrs)
     unfinished = verify.check_commit(attrs)
     if unfinished:
@@ -93,7 +98,7 @@ def _open_committed_root(url: str, storage_options: dict | None) -> zarr.Group:
     problems = verify.check_format(attrs)
     if problems:
         raise DatasetError(f"{url}: {problems[0]}")
-    return root
+    return root, RunGuard(str(url), storage_options, root.metadata.zarr_format, read_guard.run_identity(attrs))
 
 
 def _member(group: zarr.Group, url: str, split: str, name: str, kind: str, itemsize: int) -> zarr.Array:
@@ -138,6 +143,42 @@ def inputs_targets(window: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     inputs[..., 1:] = targets[..., :-1]
     inputs[starts] = 0
     return inputs, targets
+
+
+def segments(window: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(segment_ids, positions) of encoded window(s), int32, along the last axis: for trainers
+    that mask attention across documents. A new segment starts at every start bit and at the
+    window's first token; segment ids count from 1 in each window, and a token's position is
+    its distance from its segment's first token."""
+    starts = (np.asarray(window, dtype=np.uint32) & np.uint32(1)).astype(bool)
+    starts[..., :1] = True
+    length = starts.shape[-1]
+    segment_ids = np.cumsum(starts, axis=-1, dtype=np.int32)
+    index = np.arange(length, dtype=np.int32)
+    began = np.where(starts, index, 0)
+    np.maximum.accumulate(began, axis=-1, out=began)
+    return segment_ids, index - began
+
+
+class Batch(NamedTuple):
+    """A packed batch with what was asked for beside inputs and targets (else None): all of
+    shape (rows, length). segment_ids and positions are int32 (see `segments`); sources, the
+    source id (uint16, `FlatTokensSplit.source_names`) of the sequence each token belongs to."""
+
+    inputs: np.ndarray
+    targets: np.ndarray
+    segment_ids: np.ndarray | None = None
+    positions: np.ndarray | None = None
+    sources: np.ndarray | None = None
+
+
+def _batch(windows: np.ndarray, sources: np.ndarray | None, with_segments: bool):
+    """(inputs, targets), or a Batch when segments or sources were asked for."""
+    inputs, targets = inputs_targets(windows)
+    if not with_segments and sources is None:
+        return inputs, targets
+    segment_ids, positions = segments(windows) if with_segments else (None, None)
+    return Batch(inputs, targets, segment_ids, positions, sources)
 
 
 def _count(value, what: str, minimum: int = 1) -> int:
@@ -221,18 +262,22 @@ class _WindowOrder:
 
 class _ShuffleBuffer:
     """One shuffle buffer: stream positions [first, end), its windows as rows read by
-    background futures, served in `order`."""
+    background futures (only the blocks holding a row this host serves), served in `order`;
+    with `sources`, each token's source id beside them."""
 
-    def __init__(self, first: int, end: int, rows: np.ndarray, reads: list[Future], order: np.ndarray):
-        self.first, self.end, self.rows, self.order = first, end, rows, order
+    def __init__(self, first: int, end: int, rows: np.ndarray, sources: np.ndarray | None, reads: list[Future],
+                 order: np.ndarray):
+        self.first, self.end, self.rows, self.sources, self.order = first, end, rows, sources, order
         self._reads = reads
 
-    def windows(self, position: int, count: int) -> np.ndarray:
-        """The encoded windows at stream positions [position, position + count): a copy."""
+    def windows(self, position: int, count: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """The encoded windows at stream positions [position, position + count) and their
+        tokens' sources (or None): copies."""
         while self._reads:
             self._reads.pop().result()  # waits for the read; re-raises its error here
         k = position - self.first
-        return self.rows[self.order[k:k + count]]
+        rows = self.order[k:k + count]
+        return self.rows[rows], None if self.sources is None else self.sources[rows]
 
 
 def _ids_of(blocks: Iterator[tuple[np.ndarray, np.ndarray]], encoded: bool) -> Iterator[np.ndarray]:
@@ -248,13 +293,18 @@ class FlatTokensSplit:
     """One split (``train`` or ``validation``) of a committed flat-tokens dataset."""
 
     def __init__(self, url: str, split: str = "train", storage_options: dict | None = None, *,
-                 _root: zarr.Group | None = None):
+                 _opened: tuple[zarr.Group, RunGuard] | None = None, _identity: str | None = None):
         if split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
         self.url = str(url)
         self.split = split
         self.storage_options = dict(storage_options or {})
-        root = _root if _root is not None else _open_committed_root(self.url, self.storage_options)
+        root, self._guard = _opened if _opened is not None else _open_committed_root(self.url, self.storage_options)
+        if _identity is not None and _identity != self._guard.identity:
+            # An unpickled split must go on reading the run its original opened, not a newer one.
+            raise DatasetReplaced(f"{self.url}: the dataset was replaced after this reader was opened (run "
+                                  f"{_identity} was opened, the committed one is now {self._guard.identity}); "
+                                  f"open it again to read the new one")
         if split not in root or not isinstance(root[split], zarr.Group):
             raise DatasetError(f"{self.url}: no split group {split}")
         group = root[split]
@@ -269,13 +319,37 @@ class FlatTokensSplit:
         self.num_tokens: int = int(self._tokens.shape[0])
         self.num_sequences: int = int(self._starts.shape[0]) - 1
         self.attrs: dict = dict(root.attrs)  # the dataset's root attributes (provenance, stats)
+        self._sources = None
+        if SEQ_SOURCES in group:  # written with --record_sources
+            self._sources = _member(group, self.url, split, SEQ_SOURCES, "u", 2)
+            if self._sources.shape[0] != self.num_sequences:
+                raise DatasetError(f"{self.url}: {split}/{SEQ_SOURCES} has {self._sources.shape[0]} entries for "
+                                   f"{self.num_sequences} sequences")
+        names = self.attrs.get("sources")
+        self.source_names: list[str] | None = list(names) if self._sources is not None and names else None
 
     # -- pickling: by URL, so workers reopen the store themselves -------------------------------
     def __getstate__(self):
-        return {"url": self.url, "split": self.split, "storage_options": self.storage_options}
+        return {"url": self.url, "split": self.split, "storage_options": self.storage_options,
+                "run": self._guard.identity}
 
     def __setstate__(self, state):
-        self.__init__(state["url"], state["split"], state["storage_options"])
+        self.__init__(state["url"], state["split"], state["storage_options"], _identity=state.get("run"))
+
+    @property
+    def run_id(self) -> str:
+        """The run whose dataset this reader serves (its `run_id`, or a digest of the root
+        attributes of a dataset without one). Every read checks that it is still the committed
+        one at the URL, and raises DatasetReplaced otherwise."""
+        return self._guard.identity
+
+    def _read(self, arr, lo: int, hi: int, check: bool = True) -> np.ndarray:
+        """arr[lo:hi]: a missing chunk raises MissingChunk (read_guard), and with `check` the run
+        is confirmed after the read, so the values are the opened run's or an error is raised."""
+        values = np.asarray(arr[lo:hi])
+        if check:
+            self._guard.check()
+        return values
 
     def __repr__(self) -> str:
         return (f"FlatTokensSplit({self.url!r}, {self.split!r}: {self.num_sequences} sequences, "
@@ -325,7 +399,7 @@ class FlatTokensSplit:
         lo = start
         while lo <= stop:  # seq_starts[start:stop + 1], one aligned read at a time
             hi = min(stop + 1, (lo // s_unit + 1) * s_unit)
-            bounds = np.concatenate([np.array(carry, np.int64), np.asarray(self._starts[lo:hi]).astype(np.int64)])
+            bounds = np.concatenate([np.array(carry, np.int64), self._read(self._starts, lo, hi).astype(np.int64)])
             carry, lo = [int(bounds[-1])], hi
             if buf_hi < 0:
                 buf_lo = buf_hi = int(bounds[0]) // t_unit * t_unit
@@ -334,7 +408,7 @@ class FlatTokensSplit:
                 a = int(bounds[i])
                 if bounds[i + 1] > buf_hi:  # sequence i ends beyond the buffer: read on, aligned
                     new_hi = min(self.num_tokens, _round_up(int(bounds[i + 1]), t_unit))
-                    new = np.asarray(self._tokens[buf_hi:new_hi])
+                    new = self._read(self._tokens, buf_hi, new_hi)
                     if a < buf_hi:
                         buf, buf_lo = np.concatenate([buf[a - buf_lo:], new]), a
                     else:
@@ -347,13 +421,14 @@ class FlatTokensSplit:
     def sequence_bounds(self, i) -> tuple[int, int]:
         """[start, end) of sequence i in encoded_tokens: one read of seq_starts[i:i+2]."""
         k = _index(i, self.num_sequences, "sequence")
-        a, b = (int(x) for x in self._starts[k:k + 2])
+        a, b = (int(x) for x in self._read(self._starts, k, k + 2))
         return a, b
 
     def encoded_sequence(self, i) -> np.ndarray:
-        """The stored (encoded) tokens of sequence i: two reads."""
-        a, b = self.sequence_bounds(i)
-        return np.asarray(self._tokens[a:b])
+        """The stored (encoded) tokens of sequence i: two reads (and one check of the run)."""
+        k = _index(i, self.num_sequences, "sequence")
+        a, b = (int(x) for x in self._read(self._starts, k, k + 2, check=False))
+        return self._read(self._tokens, a, b)
 
     def sequence(self, i) -> np.ndarray:
         """Token ids (int32) of sequence i: two reads, seq_starts[i:i+2] then the tokens."""
@@ -366,7 +441,7 @@ class FlatTokensSplit:
             raise IndexError(f"sequence range [{lo}, {hi}) not within [0, {self.num_sequences}]")
         if lo == hi:
             return np.empty(0, np.int64)
-        return np.diff(np.asarray(self._starts[lo:hi + 1]).astype(np.int64))
+        return np.diff(self._read(self._starts, lo, hi + 1).astype(np.int64))
 
     def iter_sequence_lengths(self, block: int = 1 << 20) -> Iterator[np.ndarray]:
         """All sequence lengths, in order, in blocks of at most `block` (bounded memory)."""
@@ -374,6 +449,53 @@ class FlatTokensSplit:
             raise ValueError(f"block must be >= 1, got {block}")
         for lo in range(0, self.num_sequences, block):
             yield self.sequence_lengths(lo, min(self.num_sequences, lo + block))
+
+    # -- sources (datasets written with --record_sources) --------------------------------------
+    def _need_sources(self):
+        if self._sources is None:
+            raise DatasetError(f"{self.url}: {self.split} has no {SEQ_SOURCES} array: the dataset was written "
+                               f"without --record_sources (or --mixture)")
+        return self._sources
+
+    def sources(self, i):
+        """The source id of sequence i (an int), or of the sequences of a slice (a uint16
+        array); ``source_names[id]`` is its name."""
+        arr = self._need_sources()
+        if isinstance(i, slice):
+            lo, hi, step = i.indices(self.num_sequences)
+            return self._read(arr, lo, max(lo, hi))[::step]
+        k = _index(i, self.num_sequences, "sequence")
+        return int(self._read(arr, k, k + 1)[0])
+
+    def sequence_at(self, token: int) -> int:
+        """The sequence holding token `token` (in [0, num_tokens)): a few chunk reads of
+        seq_starts, however large the split."""
+        found = self._sequence_at(_index(token, self.num_tokens, "token"), {})
+        self._guard.check()
+        return found
+
+    def _sequence_at(self, token: int, firsts: dict) -> int:
+        """sequence_at: a binary search over seq_starts' chunks (their first entries, remembered
+        in `firsts`), then one chunk read. The caller checks the run."""
+        unit = int(self._starts.chunks[0])
+        lo, hi = 0, (self.num_sequences + unit) // unit - 1  # chunks 0..hi; chunk 0 starts at token 0
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if mid not in firsts:
+                firsts[mid] = int(self._read(self._starts, mid * unit, mid * unit + 1, check=False)[0])
+            lo, hi = (mid, hi) if firsts[mid] <= token else (lo, mid - 1)
+        starts = self._read(self._starts, lo * unit, min((lo + 1) * unit, self.num_sequences + 1), check=False)
+        return lo * unit + int(np.searchsorted(starts, np.uint64(token), "right")) - 1
+
+    def _token_sources(self, encoded: np.ndarray, first_token: int, firsts: dict) -> np.ndarray:
+        """The source id (uint16) of each of the tokens encoded_tokens[first_token:...] given."""
+        if encoded.size == 0:
+            return np.empty(0, np.uint16)
+        bits = (encoded & np.uint32(1)).astype(np.int64)
+        first = self._sequence_at(first_token, firsts)
+        of = np.cumsum(bits) - bits[0]  # sequence of each token, counted from `first`
+        ids = self._read(self._sources, first, first + int(of[-1]) + 1, check=False)
+        return ids[of]
 
     # -- packed access --------------------------------------------------------------------------
     def num_windows(self, length: int, partial: bool = False) -> int:
@@ -388,24 +510,38 @@ class FlatTokensSplit:
         Full windows only unless partial=True, which also serves the last, shorter window."""
         length = _positive(length)
         k = _index(i, self.num_windows(length, partial), f"window (length {length})")
-        return np.asarray(self._tokens[k * length:min(self.num_tokens, (k + 1) * length)])
+        return self._read(self._tokens, k * length, min(self.num_tokens, (k + 1) * length))
 
     def packed_inputs_targets(self, i, length: int, partial: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """(inputs, targets) of window i, int32, per the format's rule (see inputs_targets)."""
         return inputs_targets(self.packed(i, length, partial))
 
-    def packed_batch(self, indices: Iterable[int], length: int) -> tuple[np.ndarray, np.ndarray]:
-        """(inputs, targets), each int32 of shape (len(indices), length): one read per window."""
+    def packed_batch(self, indices: Iterable[int], length: int, *, segments: bool = False,
+                     sources: bool = False):
+        """(inputs, targets), each int32 of shape (len(indices), length): one read per window.
+
+        With segments=True or sources=True, a Batch that also holds segment_ids and positions
+        (see `segments`) or each token's source id."""
         length = _positive(length)
+        if sources:
+            self._need_sources()
         indices = list(indices)
         windows = np.empty((len(indices), length), np.uint32)
+        token_sources = np.empty((len(indices), length), np.uint16) if sources else None
+        n, firsts = self.num_windows(length), {}
         for row, i in enumerate(indices):
-            windows[row] = self.packed(i, length)
-        return inputs_targets(windows)
+            k = _index(i, n, f"window (length {length})")
+            windows[row] = self._read(self._tokens, k * length, (k + 1) * length, check=False)
+            if sources:
+                token_sources[row] = self._token_sources(windows[row], k * length, firsts)
+        if indices:
+            self._guard.check()  # once for the batch: every window read before it is the opened run's
+        return _batch(windows, token_sources, segments)
 
     def packed_batches(self, length: int, batch_size: int, *, seed: int = 0, start_step: int = 0,
-                       epochs: int | None = None, block_tokens: int = BLOCK_TOKENS,
-                       buffer_blocks: int = BUFFER_BLOCKS) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+                       epochs: int | None = None, rank: int = 0, world_size: int = 1, segments: bool = False,
+                       sources: bool = False, block_tokens: int = BLOCK_TOKENS,
+                       buffer_blocks: int = BUFFER_BLOCKS) -> Iterator:
         """Shuffled batches of full windows: (inputs, targets), int32 of shape (batch_size, length).
 
         The windows form a stream: epoch 0, then epoch 1, ...; each epoch holds every full window
@@ -417,65 +553,154 @@ class FlatTokensSplit:
         epochs, and its last batch is smaller when n * num_windows is not a multiple of
         batch_size. No full window: no batches.
 
+        Data parallel hosts: with ``world_size=w`` (which must divide batch_size), host ``rank``
+        gets rows [rank*batch_size/w, (rank+1)*batch_size/w) of every global batch, so the
+        hosts' rows together are exactly the single-host stream, and every host yields the same
+        number of batches (with ``epochs``, a host's part of the last batch may be short or
+        empty). Each host reads only the blocks that hold one of its windows.
+
+        ``segments=True`` and ``sources=True`` make each batch a Batch with segment_ids and
+        positions (see `segments`), or each token's source id (datasets written with
+        --record_sources), beside inputs and targets.
+
         Reads are contiguous blocks of about `block_tokens` tokens (whole windows); a shuffle
         buffer of `buffer_blocks` blocks drawn from the whole split is read at once (the next one
         in the background while this one is served) and its windows shuffled. Memory: about two
-        buffers, 2 * 4 * block_tokens * buffer_blocks bytes (256 MB by default). The order
-        depends on block_tokens and buffer_blocks: resume with the same values."""
+        buffers, 2 * 4 * block_tokens * buffer_blocks bytes (256 MB by default; half as much
+        again with sources). The order depends on block_tokens and buffer_blocks: resume with
+        the same values."""
         length = _positive(length)
         batch_size = _count(batch_size, "batch_size")
         start_step = _count(start_step, "start_step", 0)
+        lo, hi = _rows_of_rank(batch_size, rank, world_size)
+        if sources:
+            self._need_sources()
+        if epochs is not None:
+            epochs = _count(epochs, "epochs", 0)
+        order = self._window_order(length, seed, block_tokens, buffer_blocks)
+        return self._packed_batches(order, length, batch_size, start_step, epochs, (lo, hi), segments, sources)
+
+    def _window_order(self, length: int, seed, block_tokens, buffer_blocks) -> "_WindowOrder":
         seed = _count(seed, "seed", 0)
         if seed >= 1 << 64:
             raise ValueError(f"seed must be < 2**64, got {seed}")
-        if epochs is not None:
-            epochs = _count(epochs, "epochs", 0)
-        order = _WindowOrder(self.num_windows(length), max(1, _count(block_tokens, "block_tokens") // length),
-                             _count(buffer_blocks, "buffer_blocks"), seed)
-        return self._packed_batches(order, length, batch_size, start_step, epochs)
+        return _WindowOrder(self.num_windows(length), max(1, _count(block_tokens, "block_tokens") // length),
+                            _count(buffer_blocks, "buffer_blocks"), seed)
 
     def _packed_batches(self, order: _WindowOrder, length: int, batch_size: int, start_step: int,
-                        epochs: int | None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+                        epochs: int | None, rows: tuple[int, int], with_segments: bool,
+                        with_sources: bool) -> Iterator:
         if order.num_windows == 0:
             return
         total = None if epochs is None else epochs * order.num_windows  # stream positions
-        position = start_step * batch_size
+        lo, hi = rows
+        wanted = None if (lo, hi) == (0, batch_size) else _serves_rows(batch_size, lo, hi)
         pool = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="flat-tokens-read")
         try:
-            current = upcoming = None
-            while total is None or position < total:
-                stop = position + batch_size if total is None else min(position + batch_size, total)
-                pieces = []
-                while position < stop:
-                    if current is None or not current.first <= position < current.end:
-                        current = (upcoming if upcoming is not None and upcoming.first <= position < upcoming.end
-                                   else self._start_buffer(order, position, length, pool))
-                        upcoming = (self._start_buffer(order, current.end, length, pool)
-                                    if total is None or current.end < total else None)
-                    take = min(stop, current.end) - position
-                    pieces.append(current.windows(position, take))
-                    position += take
-                yield inputs_targets(pieces[0] if len(pieces) == 1 else np.concatenate(pieces))
+            stream = _WindowStream(self, order, length, pool, with_sources, total, wanted)
+            step = start_step
+            while total is None or step * batch_size < total:
+                first, stop = step * batch_size + lo, step * batch_size + hi
+                if total is not None:
+                    first, stop = min(first, total), min(stop, total)
+                windows, token_sources = stream.take(first, stop)
+                yield _batch(windows, token_sources, with_segments)
+                step += 1
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
 
-    def _start_buffer(self, order: _WindowOrder, position: int, length: int,
-                      pool: ThreadPoolExecutor) -> _ShuffleBuffer:
-        """The shuffle buffer holding stream position `position`, its blocks read by `pool`."""
+    def _start_buffer(self, order: _WindowOrder, position: int, length: int, pool: ThreadPoolExecutor,
+                      with_sources: bool = False, wanted=None) -> _ShuffleBuffer:
+        """The shuffle buffer holding stream position `position`, its blocks read by `pool`:
+        those holding a window served at one of the positions `wanted(first, end)` marks."""
         first, end, ranges, serving = order.buffer_at(position)
         rows = np.empty((end - first, length), np.uint32)
-        reads, row = [], 0
+        token_sources = np.empty((end - first, length), np.uint16) if with_sources else None
+        needed = None
+        if wanted is not None:
+            needed = np.zeros(end - first, bool)
+            needed[serving[wanted(first, end)]] = True
+        reads, row, firsts = [], 0, {}
         for window, count in ranges:
-            reads.append(pool.submit(self._read_windows, rows[row:row + count], window, length))
+            if needed is None or needed[row:row + count].any():
+                out_sources = None if token_sources is None else token_sources[row:row + count]
+                reads.append(pool.submit(self._read_windows, rows[row:row + count], window, length,
+                                         out_sources, firsts))
             row += count
-        return _ShuffleBuffer(first, end, rows, reads, serving)
+        return _ShuffleBuffer(first, end, rows, token_sources, reads, serving)
 
-    def _read_windows(self, out: np.ndarray, window: int, length: int) -> None:
-        """Reads len(out) consecutive windows, from `window` on, into out: one contiguous read."""
-        out[...] = np.asarray(self._tokens[window * length:(window + len(out)) * length]).reshape(out.shape)
+    def _read_windows(self, out: np.ndarray, window: int, length: int, out_sources: np.ndarray | None = None,
+                      firsts: dict | None = None) -> None:
+        """Reads len(out) consecutive windows, from `window` on, into out: one contiguous read
+        (and their tokens' sources into out_sources), then one check of the run."""
+        flat = self._read(self._tokens, window * length, (window + len(out)) * length, check=False)
+        out[...] = flat.reshape(out.shape)
+        if out_sources is not None:
+            out_sources[...] = self._token_sources(flat, window * length, firsts).reshape(out.shape)
+        self._guard.check()
+
+
+def _rows_of_rank(batch_size: int, rank, world_size) -> tuple[int, int]:
+    """The rows [lo, hi) of each global batch that host `rank` of `world_size` serves."""
+    world_size = _count(world_size, "world_size")
+    rank = _count(rank, "rank", 0)
+    if rank >= world_size:
+        raise ValueError(f"rank must be in [0, world_size) = [0, {world_size}), got {rank}")
+    if batch_size % world_size:
+        raise ValueError(f"batch_size {batch_size} is not divisible by world_size {world_size}: every host "
+                         f"must get the same number of rows")
+    share = batch_size // world_size
+    return rank * share, (rank + 1) * share
+
+
+def _serves_rows(batch_size: int, lo: int, hi: int):
+    """wanted(first, end) for a host serving rows [lo, hi) of each batch: a mask over the stream
+    positions [first, end), true where the position falls in those rows."""
+    def wanted(first: int, end: int) -> np.ndarray:
+        row = np.arange(first, end, dtype=np.int64) % batch_size
+        return (row >= lo) & (row < hi)
+    return wanted
+
+
+class _WindowStream:
+    """A split's full windows in their stream order (_WindowOrder), served by position, read
+    shuffle buffer by shuffle buffer (the next one in the background)."""
+
+    def __init__(self, split: FlatTokensSplit, order: _WindowOrder, length: int, pool: ThreadPoolExecutor,
+                 with_sources: bool, total: int | None = None, wanted=None):
+        self._split, self._order, self._length, self._pool = split, order, length, pool
+        self._with_sources, self._total, self._wanted = with_sources, total, wanted
+        self._current = self._upcoming = None
+
+    def _start(self, position: int) -> _ShuffleBuffer:
+        return self._split._start_buffer(self._order, position, self._length, self._pool, self._with_sources,
+                                         self._wanted)
+
+    def take(self, position: int, stop: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """The encoded windows at stream positions [position, stop), and their tokens' sources."""
+        pieces, sources = [], []
+        while position < stop:
+            current, upcoming = self._current, self._upcoming
+            if current is None or not current.first <= position < current.end:
+                current = (upcoming if upcoming is not None and upcoming.first <= position < upcoming.end
+                           else self._start(position))
+                upcoming = (self._start(current.end) if self._total is None or current.end < self._total
+                            else None)
+                self._current, self._upcoming = current, upcoming
+            take = min(stop, current.end) - position
+            windows, window_sources = current.windows(position, take)
+            pieces.append(windows)
+            sources.append(window_sources)
+            position += take
+        if not pieces:
+            return (np.empty((0, self._length), np.uint32),
+                    np.empty((0, self._length), np.uint16) if self._with_sources else None)
+        if len(pieces) == 1:
+            return pieces[0], sources[0]
+        return np.concatenate(pieces), None if sources[0] is None else np.concatenate(sources)
 
 
 def open_dataset(url: str, storage_options: dict | None = None) -> dict[str, FlatTokensSplit]:
     """Both splits of a committed dataset: ``{"train": ..., "validation": ...}``."""
-    root = _open_committed_root(str(url), storage_options)
-    return {s: FlatTokensSplit(url, s, storage_options, _root=root) for s in SPLITS}
+    opened = _open_committed_root(str(url), storage_options)
+    return {s: FlatTokensSplit(url, s, storage_options, _opened=opened) for s in SPLITS}

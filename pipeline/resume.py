@@ -17,6 +17,7 @@ from transforms.read.inputs import JSONL
 from transforms.staging import StagingArea, Staged
 from transforms.tokenize.backends import version_of
 from transforms.write.ownership import CONFLICT_PREFIX
+from transforms.write.zarr_store import array_length
 
 # Options that change nothing a run writes: they do not make another command.
 _NOT_THE_COMMAND = {"overwrite", "restart", "summary_json", "progress_interval", "quiet", "verbose"}
@@ -89,10 +90,9 @@ class Resume:
         """How much was reused, for the summary."""
         total = 0
         for split in ("train", "validation"):
-            for length, name in ((stats[split]["tokens"], "encoded_tokens"),
-                                 (stats[split]["sequences"] + 1, "seq_starts")):
-                block = self.target.write_block(name)
-                total += -(-length // block)
+            for name in self.target.arrays():
+                length = array_length(name, stats[split]["tokens"], stats[split]["sequences"])
+                total += -(-length // self.target.write_block(name))
         return {"input_units": len(self.units), "input_units_total": self.unit_total,
                 "chunks": self.reused_chunks, "chunks_total": total}
 
@@ -133,7 +133,8 @@ def job_key(plan, units: dict) -> str:
         "units": sorted(k for _, keys in units.values() for k in keys),
         "seed": plan.seed, "validation_fraction": plan.validation_fraction, "num_shards": plan.num_shards,
         "dedup_shards": plan.dedup_shards, "mixture": repr(plan.mixture), "source_of_input": plan.source_of_input,
-        "storage": plan.target.describe()})
+        "record_sources": plan.record_sources, "storage": plan.target.describe(),
+        "arrays": list(plan.target.arrays())})
 
 
 def prepare(plan, o: FlatTokensOptions, found, storage_options: dict | None = None) -> Resume:

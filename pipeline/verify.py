@@ -37,7 +37,7 @@ import numpy as np
 import zarr
 
 from pipeline import VERSION
-from transforms.read.inputs import close_gcs_sessions_at_exit
+from transforms.gcs import close_gcs_sessions_at_exit
 from transforms.write.ownership import OWN_PREFIX, conflicts
 
 # After `import zarr`, so gcsfs sessions on zarr's event loop close before zarr stops it.
@@ -107,6 +107,7 @@ def check_dataset(url: str, *, block: int = DEFAULT_BLOCK, storage_options: dict
             summaries[name] = summary
     if "stats" in attrs:
         problems += check_stats(attrs["stats"], summaries)
+    problems += check_sources(root, attrs, summaries, block)
     return problems, summaries
 
 
@@ -378,6 +379,54 @@ def check_max(walk: Walk, attr_max: int | None, n: int) -> list[str]:
     elif walk.max_id < attr_max:
         problems.append(f"max_token_id = {attr_max} is not the exact maximum: the largest decoded id "
                         f"is {walk.max_id} (at encoded_tokens index {walk.max_at})")
+    return problems
+
+
+# ---------------------------------------------------------------------------------------------
+# The seq_sources extension (--record_sources)
+
+
+def check_sources(root: zarr.Group, attrs: dict, summaries: dict[str, SplitSummary], block: int) -> list[str]:
+    """A dataset that records sources: the root attribute `sources` lists their names, and each
+    split walked has `seq_sources`, 1-D uint16, one id per sequence, every id naming a source;
+    with a mixture, each source's sequences per split are those the `mixture` report counts.
+    Nothing is checked for a dataset without either (the extension is optional)."""
+    names = attrs.get("sources")
+    recorded = [name for name in summaries if "seq_sources" in root[name]]
+    if names is None and not recorded:
+        return []
+    if not (isinstance(names, list) and names and all(isinstance(n, str) for n in names)):
+        return [f"root attribute sources must be a non-empty list of names, is {names!r}"]
+    problems, counts = [], {}
+    for name, summary in summaries.items():
+        try:
+            arr = _member_array(root[name], "seq_sources", 2)
+        except _Stop as e:
+            problems.append(f"{name}: {e}")
+            continue
+        if arr.shape[0] != summary.sequences:
+            problems.append(f"{name}: seq_sources has {arr.shape[0]} entries for {summary.sequences} sequences")
+            continue
+        found = np.zeros(1 << 16, np.int64)
+        try:
+            for lo in range(0, arr.shape[0], block):
+                found += np.bincount(_read(arr, "seq_sources", lo, min(arr.shape[0], lo + block)), minlength=1 << 16)
+        except _Stop as e:
+            problems.append(f"{name}: {e}")
+            continue
+        beyond = np.flatnonzero(found[len(names):])
+        if beyond.size:
+            problems.append(f"{name}: seq_sources holds id {len(names) + int(beyond[0])}, but only "
+                            f"{len(names)} sources are named")
+        counts[name] = found[:len(names)].tolist()
+    reported = attrs.get("mixture", {}).get("sources") if isinstance(attrs.get("mixture"), dict) else None
+    if isinstance(reported, list) and len(reported) == len(names):
+        for name, per_source in counts.items():
+            for i, entry in enumerate(reported):
+                want = entry.get(f"{name}_sequences") if isinstance(entry, dict) else None
+                if want is not None and want != per_source[i]:
+                    problems.append(f"{name}: seq_sources holds {per_source[i]} sequences of source {names[i]!r}, "
+                                    f"the mixture report {want}")
     return problems
 
 

@@ -535,6 +535,7 @@ TEMPLATE_VALUES = {  # every optional parameter, as Dataflow passes it (validati
     "zarr_format": "3", "tokens_chunk_size": "8192", "seq_starts_chunk_size": "256", "chunks_per_shard": "2",
     "codec": "blosc-lz4", "max_rejected_fraction": "0.01", "read_range_mb": "1", "batch_documents": "128",
     "tokenizer_backend": "fastokens", "tokenizer_check_fraction": "0.5", "dedup": "exact",
+    "record_sources": "true",
 }
 # The parameters `launched` cannot combine with its input/validation_input: see the mixture launch below.
 LAUNCHED_APART = {"mixture"}

@@ -75,12 +75,13 @@ class ShardPart:
     raw_ids: np.ndarray | None = None  # token ids of the documents, concatenated
     packed_ids: bytes | None = None
     spilled: "SpilledDocuments | None" = None  # noqa: F821 (transforms.shuffle.spill.SpilledDocuments)
+    sources: np.ndarray | None = None  # uint16 source of each document, with --record_sources only
 
     @classmethod
-    def of(cls, order_hashes, salts, offsets, lengths, ids: np.ndarray) -> "ShardPart":
+    def of(cls, order_hashes, salts, offsets, lengths, ids: np.ndarray, sources=None) -> "ShardPart":
         ids = np.ascontiguousarray(ids)
         return cls(order_hashes, salts, offsets, lengths, ids.dtype.name, int(ids.max()) if ids.size else -1,
-                   raw_ids=ids)
+                   raw_ids=ids, sources=sources)
 
     def ids(self) -> np.ndarray:
         if self.raw_ids is not None:
@@ -215,6 +216,7 @@ class SortedShard:
     shard: int
     lengths: np.ndarray  # int64 token count of each sequence
     tokens: "np.ndarray | EncodedTokens"  # uint32 encoded tokens, or made per range when written
+    sources: np.ndarray | None = None  # uint16 source of each sequence, with --record_sources only
 
 
 @dataclass

@@ -17,6 +17,7 @@ from transforms.read.inputs import input_index
 from transforms.records import SPLITS, DistinctBatch, EncodedTokens, ShardPart, ShardSize, SortedShard, TokenizedBatch
 from transforms.segments import SLICE_WHEN_AVERAGE_LENGTH, gather_segments, groups_of, take_documents
 from transforms.shuffle import spill
+from transforms.shuffle.sources import document_sources
 
 # Shards whose documents are at least this long on average are not gathered into one array
 # here: the writer copies each chunk's documents straight from the parts as it encodes the
@@ -75,14 +76,17 @@ def copies_of(doc: DocumentKeys, sampling) -> np.ndarray:
 
 def split_and_shard(batch: TokenizedBatch | DistinctBatch, seed: int, validation_fraction: float,
                     num_shards: dict[str, int], sampling=None, source_of_input: list[int] | None = None,
-                    spilled_to: str | None = None, finished: frozenset = frozenset()):
+                    spilled_to: str | None = None, record_sources: list[int] | None = None,
+                    finished: frozenset = frozenset()):
     """Yields ((split, shard), ShardPart) for each (split, shard) that the batch's documents
     (and with a mixture's `sampling`, their copies: each with its own place) hit, except the
     `finished` ones (written by an earlier attempt of the same job: transforms/staging.py).
 
     Each part carries its documents' ids, or with `spilled_to` (the file holding the batch's
-    ids: transforms.shuffle.spill) where each of its documents starts in that file."""
+    ids: transforms.shuffle.spill) where each of its documents starts in that file; with
+    `record_sources` (the recorded source of each input index), each document's source."""
     doc = document_keys(batch, seed, validation_fraction, source_of_input)
+    recorded = None if record_sources is None else document_sources(batch, record_sources)
     starts = np.cumsum(batch.lengths) - batch.lengths
     if spilled_to is not None and batch.lengths.size:
         # Where documents start in the file travels with every part through the runner's
@@ -107,7 +111,7 @@ def split_and_shard(batch: TokenizedBatch | DistinctBatch, seed: int, validation
             continue
         docs = members if of_copy is None else of_copy[members]
         placed = dict(order_hashes=order_hashes[members], salts=doc.ties[0][docs], offsets=doc.ties[1][docs],
-                      lengths=batch.lengths[docs])
+                      lengths=batch.lengths[docs], sources=None if recorded is None else recorded[docs])
         if spilled_to is None:
             part = ShardPart.of(**placed, ids=take_documents(batch.ids, starts[docs], batch.lengths[docs]))
         else:
@@ -169,23 +173,25 @@ def sort_shard(keyed_parts) -> SortedShard:
     # Each part's ids are copied out of its spill file one part at a time, so that only one
     # file is mapped (and counted in the resident size) at once.
     part_ids = [p.ids() for p in parts]
+    sources = None if parts[0].sources is None else np.concatenate([p.sources for p in parts])[order]
     average = int(lengths.sum()) / max(lengths.size, 1)
     if average < SLICE_WHEN_AVERAGE_LENGTH:
         ids = part_ids[0] if len(parts) == 1 else np.concatenate(part_ids)
         del part_ids
         return SortedShard(split, shard, sorted_lengths,
-                           EncodedTokens.of(gather_segments(ids, lengths, order), sorted_lengths))
+                           EncodedTokens.of(gather_segments(ids, lengths, order), sorted_lengths), sources)
     part_of = np.repeat(np.arange(len(parts)), [p.lengths.size for p in parts])
     start_in_part = np.concatenate([np.cumsum(p.lengths) - p.lengths for p in parts])
     if average >= GATHER_WHILE_WRITING_AVERAGE_LENGTH:
         # The writer copies each chunk's documents out of the parts as it encodes the chunk.
         return SortedShard(split, shard, sorted_lengths,
-                           EncodedTokens.gathered(part_ids, part_of[order], start_in_part[order], sorted_lengths))
+                           EncodedTokens.gathered(part_ids, part_of[order], start_in_part[order], sorted_lengths),
+                           sources)
     # Longer documents: slice them out of the parts directly (concatenating the parts first
     # would copy every id once more).
     ids = np.concatenate([part_ids[i][a:a + n] for i, a, n in
                           zip(part_of[order].tolist(), start_in_part[order].tolist(), sorted_lengths.tolist())])
-    return SortedShard(split, shard, sorted_lengths, EncodedTokens.of(ids, sorted_lengths))
+    return SortedShard(split, shard, sorted_lengths, EncodedTokens.of(ids, sorted_lengths), sources)
 
 
 class KeyByShard(beam.DoFn):
@@ -195,11 +201,13 @@ class KeyByShard(beam.DoFn):
     on (transforms/shuffle/spill.py)."""
 
     def __init__(self, seed: int, validation_fraction: float, num_shards: dict[str, int],
-                 spill_dir: str | None = None, finished: frozenset = frozenset()):
+                 spill_dir: str | None = None, record_sources: list[int] | None = None,
+                 finished: frozenset = frozenset()):
         self._seed = seed
         self._validation_fraction = validation_fraction
         self._num_shards = num_shards
         self._spill_dir = spill_dir
+        self._record_sources = record_sources
         self._finished = finished
 
     def process(self, batch, sampling=None, source_of_input=None):
@@ -208,7 +216,7 @@ class KeyByShard(beam.DoFn):
             spilled_to = getattr(batch, "ids_file", None) or spill.spill_ids(
                 self._spill_dir, *batch_identity(batch), batch.ids)
         yield from split_and_shard(batch, self._seed, self._validation_fraction, self._num_shards,
-                                   sampling, source_of_input, spilled_to, self._finished)
+                                   sampling, source_of_input, spilled_to, self._record_sources, self._finished)
 
 
 def batch_identity(batch) -> tuple[str, int]:
@@ -227,8 +235,9 @@ class ShuffleGlobally(beam.PTransform):
 
     def __init__(self, seed: int, validation_fraction: float, num_shards: dict[str, int],
                  sampling=None, source_of_input: list[int] | None = None, spill_dir: str | None = None,
-                 finished: frozenset = frozenset()):
+                 record_sources: list[int] | None = None, finished: frozenset = frozenset()):
         super().__init__()
+        self._record_sources = record_sources
         self._seed = seed
         self._validation_fraction = validation_fraction
         self._num_shards = num_shards
@@ -238,7 +247,8 @@ class ShuffleGlobally(beam.PTransform):
 
     def expand(self, batches):
         parts = batches | "KeyByShard" >> beam.ParDo(KeyByShard(
-            self._seed, self._validation_fraction, self._num_shards, self._spill_dir, self._finished), **self._mixing,
+            self._seed, self._validation_fraction, self._num_shards, self._spill_dir, self._record_sources,
+            self._finished), **self._mixing,
         ).with_output_types(tuple[tuple[str, int], ShardPart])
         sizes = parts | "MeasureParts" >> beam.Map(size_of)
         shards = (

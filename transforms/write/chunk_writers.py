@@ -22,7 +22,7 @@ from transforms.records import SortedShard
 from transforms.write import layout as plan
 from transforms.write import ownership
 from transforms.write import zarr_store as store
-from transforms.write.zarr_store import SEQ_STARTS, SPLITS, TOKENS, StoreTarget
+from transforms.write.zarr_store import SEQ_SOURCES, SEQ_STARTS, SPLITS, TOKENS, StoreTarget, array_length
 
 
 class _ArrayCache:
@@ -102,6 +102,8 @@ class WriteOwnedChunks(beam.DoFn):
         starts = (np.cumsum(shard.lengths) - shard.lengths).astype(np.uint64) + np.uint64(token_offset)
         pieces = ((TOKENS, token_offset, shard.tokens, split.tokens),
                   (SEQ_STARTS, seq_offset, starts, split.sequences + 1))
+        if self._target.record_sources:  # the sources of the shard's sequences, laid out like their starts
+            pieces += ((SEQ_SOURCES, seq_offset, shard.sources, split.sequences),)
         futures = []  # tracked before the first write starts, so that even a failure midway is settled
         record = {"split": shard.split, "shard": shard.shard, "tokens": n_tokens, "sequences": n_seqs,
                   "max_token_id": split.max_token_id, "receipts": [], "fragments": []}
@@ -174,7 +176,7 @@ class WriteSharedChunks(beam.DoFn):
 
     def process(self, keyed, layout, ready):
         (split, name, index), fragments = keyed
-        length = layout[split].tokens if name == TOKENS else layout[split].sequences + 1
+        length = array_length(name, layout[split].tokens, layout[split].sequences)
         a, b = plan.block_span(index, self._target.write_block(name), length)
         fragments = sorted(fragments, key=lambda f: f[0])
         position = a

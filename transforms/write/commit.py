@@ -7,7 +7,7 @@ import apache_beam as beam
 from transforms.read import mixture as mix
 from transforms.write import layout as plan
 from transforms.write import zarr_store as store
-from transforms.write.zarr_store import SEQ_STARTS, SPLITS, TOKENS, StoreTarget
+from transforms.write.zarr_store import SPLITS, StoreTarget, array_length
 
 
 def dataset_stats(counts: dict, layout: dict) -> dict:
@@ -43,7 +43,8 @@ def check_accounts(stats: dict, chunks_written: dict, target: StoreTarget, count
     else:
         check_mixture_accounts(stats, counts, mixture)
     for split in SPLITS:
-        for name, length in ((TOKENS, stats[split]["tokens"]), (SEQ_STARTS, stats[split]["sequences"] + 1)):
+        for name in target.arrays():
+            length = array_length(name, stats[split]["tokens"], stats[split]["sequences"])
             expected = plan.block_count(length, target.write_block(name))
             got = chunks_written.get((split, name), 0)
             if got != expected:

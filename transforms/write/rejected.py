@@ -21,7 +21,7 @@ import apache_beam as beam
 from fsspec.core import url_to_fs
 
 from transforms.read import jsonl
-from transforms.read.inputs import close_gcs_sessions_at_exit
+from transforms.gcs import close_gcs_sessions_at_exit
 
 close_gcs_sessions_at_exit()
 

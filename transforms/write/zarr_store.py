@@ -18,7 +18,7 @@ import numpy as np
 import zarr
 from fsspec.core import url_to_fs
 
-from transforms.read.inputs import close_gcs_sessions_at_exit
+from transforms.gcs import close_gcs_sessions_at_exit
 from transforms.write import ownership
 from transforms.write.ownership import OutputError, OutputTaken  # noqa: F401 - part of this module's API
 
@@ -32,6 +32,7 @@ numcodecs.blosc.use_threads = False
 SPLITS = ("train", "validation")
 TOKENS = "encoded_tokens"
 SEQ_STARTS = "seq_starts"
+SEQ_SOURCES = "seq_sources"  # --record_sources: an extension array, one uint16 per sequence
 ROOT_METADATA = ownership.ROOT_METADATA
 RUN_ATTRIBUTE = ownership.SPLIT_RUN_ATTRIBUTE
 
@@ -48,9 +49,14 @@ class StoreTarget:
     codec: str = "zstd"
     run_id: str = ""
     storage_options: dict = field(default_factory=dict)
+    record_sources: bool = False  # also write each split's seq_sources
 
     def chunk(self, name: str) -> int:
-        return self.tokens_chunk if name == TOKENS else self.seq_starts_chunk
+        return self.tokens_chunk if name == TOKENS else self.seq_starts_chunk  # seq_sources: per sequence too
+
+    def arrays(self) -> tuple[str, ...]:
+        """The arrays of each split this run writes."""
+        return (TOKENS, SEQ_STARTS, SEQ_SOURCES) if self.record_sources else (TOKENS, SEQ_STARTS)
 
     def write_block(self, name: str) -> int:
         """The unit one writer must own: a chunk, or a whole shard object with sharding."""
@@ -64,6 +70,11 @@ class StoreTarget:
 
 def _is_remote(url: str) -> bool:
     return "://" in url and not url.startswith("file://")
+
+
+def array_length(name: str, tokens: int, sequences: int) -> int:
+    """The length of a split's array `name`, for a split of `tokens` tokens in `sequences` sequences."""
+    return {TOKENS: tokens, SEQ_STARTS: sequences + 1, SEQ_SOURCES: sequences}[name]
 
 
 def child_url(url: str, name: str) -> str:
@@ -171,8 +182,10 @@ def create_split(target: StoreTarget, split: str, tokens: int, sequences: int) -
     store = make_store(child_url(target.url, split), target.storage_options)
     group = zarr.create_group(store=store, zarr_format=target.zarr_format, overwrite=True,
                               attributes={RUN_ATTRIBUTE: target.run_id})
-    for name, length, dtype in ((TOKENS, tokens, "uint32"), (SEQ_STARTS, sequences + 1, "uint64")):
-        size = 4 if dtype == "uint32" else 8
+    dtypes = {TOKENS: "uint32", SEQ_STARTS: "uint64", SEQ_SOURCES: "uint16"}
+    for name in target.arrays():
+        length, dtype = array_length(name, tokens, sequences), dtypes[name]
+        size = np.dtype(dtype).itemsize
         chunk = target.chunk(name)
         group.create_array(
             name, shape=(length,), dtype=dtype, fill_value=0,
@@ -190,7 +203,8 @@ def keep_split(target: StoreTarget, split: str, tokens: int, sequences: int) -> 
     this run's."""
     store = make_store(child_url(target.url, split), target.storage_options)
     group = zarr.open_group(store=store, mode="r+", zarr_format=target.zarr_format)
-    for name, length in ((TOKENS, tokens), (SEQ_STARTS, sequences + 1)):
+    for name in target.arrays():
+        length = array_length(name, tokens, sequences)
         shape = group[name].shape
         if shape != (length,):
             raise RuntimeError(f"{target.url}/{split}/{name}: has shape {shape}, this job lays out ({length},); "

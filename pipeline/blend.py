@@ -1,0 +1,148 @@
+"""Train-time blending: packed batches drawn from several splits (of one or several
+datasets) in chosen proportions, without writing a new dataset.
+
+    from pipeline.blend import Blend
+    from pipeline.reader import FlatTokensSplit
+
+    blend = Blend([FlatTokensSplit("web.zarr"), FlatTokensSplit("code.zarr")], weights=[0.7, 0.3], seed=0)
+    for inputs, targets in blend.packed_batches(2048, 32, start_step=step): ...
+
+The blended stream is a sequence of full windows. Position p takes its window from the split
+Megatron-LM's BlendedDataset would choose (helpers.cpp, build_blending_indices): the split
+whose count lags its weight most, ``argmax_i(w_i * max(p, 1) - count_i)``, ties to the first,
+with the weights normalised to sum to 1. So every prefix of the stream holds each split's
+share to within two windows (measured: at most one with two splits, 1.5 with three, 1.87
+with eight). The c-th window a split gives is position c of that split's own stream, exactly
+as its ``packed_batches`` orders it with the seed `source_seed(seed, i)`: its windows
+shuffled, epoch after epoch, each split restarting its epoch on its own when it runs out.
+
+Batch k is positions [k*B, (k+1)*B) of the blend: a pure function of the splits, weights,
+seed and arguments. ``start_step=k`` resumes there; it replays the choices (not the reads)
+of the k*B positions before it: 0.4-0.7 s per million positions for 2-8 splits (measured
+on one core), and no reads. A Blend pickles (its splits by URL), so a DataLoader worker or a restarted
+job can rebuild it.
+"""
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from pipeline.reader import (BLOCK_TOKENS, BUFFER_BLOCKS, READ_THREADS, FlatTokensSplit, _batch, _count,
+                             _positive, _rows_of_rank, _WindowStream)
+
+_BLEND = 3  # the purpose word of the per-split seeds (reader's permutations use 1 and 2)
+
+
+def source_seed(seed: int, index: int) -> int:
+    """The seed of split `index`'s own window order in a blend seeded `seed`: independent
+    orders for the splits (SeedSequence's algorithm, which numpy keeps stable)."""
+    return int(np.random.SeedSequence([_BLEND, index, seed]).generate_state(1, np.uint64)[0])
+
+
+class _Choices:
+    """Megatron's blending rule, position by position: which split each position takes."""
+
+    def __init__(self, weights: list[float]):
+        self.weights = weights
+        self.counts = [0] * len(weights)
+        self.position = 0
+
+    def advance(self, positions: int) -> np.ndarray:
+        """The split of each of the next `positions` positions (int64), counting them."""
+        w, c, n = self.weights, self.counts, len(self.weights)
+        out = np.empty(positions, np.int64)
+        p = self.position
+        for k in range(positions):
+            s = max(p + k, 1)
+            best, lag = 0, w[0] * s - c[0]
+            for i in range(1, n):
+                e = w[i] * s - c[i]
+                if e > lag:
+                    best, lag = i, e
+            c[best] += 1
+            out[k] = best
+        self.position = p + positions
+        return out
+
+
+class Blend:
+    """Several splits blended by weight at training time (see the module's doc)."""
+
+    def __init__(self, splits: Sequence[FlatTokensSplit], weights: Sequence[float], seed: int = 0):
+        self.splits = list(splits)
+        if not self.splits:
+            raise ValueError("a blend needs at least one split")
+        if len(weights) != len(self.splits):
+            raise ValueError(f"{len(weights)} weights for {len(self.splits)} splits")
+        values = []
+        for i, w in enumerate(weights):
+            try:
+                v = float(w)
+            except (TypeError, ValueError):
+                raise TypeError(f"weights[{i}] must be a number, got {w!r}") from None
+            if not math.isfinite(v) or v <= 0:
+                raise ValueError(f"weights[{i}] must be a finite number > 0, got {w!r}")
+            values.append(v)
+        total = sum(values)
+        self.weights = [v / total for v in values]  # as Megatron normalises them
+        self.seed = _count(seed, "seed", 0)
+        if self.seed >= 1 << 64:
+            raise ValueError(f"seed must be < 2**64, got {seed}")
+
+    def __repr__(self) -> str:
+        parts = ", ".join(f"{s.url}:{s.split} {w:.3f}" for s, w in zip(self.splits, self.weights))
+        return f"Blend({parts}; seed {self.seed})"
+
+    def counts(self, positions: int) -> list[int]:
+        """How many of the blend's first `positions` windows each split gives."""
+        choices = _Choices(self.weights)
+        choices.advance(operator.index(positions))
+        return choices.counts
+
+    def packed_batches(self, length: int, batch_size: int, *, start_step: int = 0, rank: int = 0,
+                       world_size: int = 1, segments: bool = False, sources: bool = False,
+                       block_tokens: int = BLOCK_TOKENS, buffer_blocks: int = BUFFER_BLOCKS) -> Iterator:
+        """Batches of the blend, endless: (inputs, targets), int32 of shape (batch_size, length).
+
+        rank and world_size, segments, block_tokens and buffer_blocks as in
+        FlatTokensSplit.packed_batches. ``sources=True`` makes each batch a Batch whose
+        `sources` holds, for every token, the index of the split it came from (in `splits`)."""
+        length = _positive(length)
+        batch_size = _count(batch_size, "batch_size")
+        start_step = _count(start_step, "start_step", 0)
+        rows = _rows_of_rank(batch_size, rank, world_size)
+        orders = [split._window_order(length, source_seed(self.seed, i), block_tokens, buffer_blocks)
+                  for i, split in enumerate(self.splits)]
+        for split, order in zip(self.splits, orders):
+            if order.num_windows == 0:
+                raise ValueError(f"{split.url}:{split.split} holds no full window of {length} tokens")
+        if len(self.splits) >= 1 << 16 and sources:
+            raise ValueError("sources are uint16: at most 65,535 splits")
+        return self._batches(orders, length, batch_size, start_step, rows, segments, sources)
+
+    def _batches(self, orders, length: int, batch_size: int, start_step: int, rows: tuple[int, int],
+                 with_segments: bool, with_sources: bool) -> Iterator:
+        lo, hi = rows
+        choices = _Choices(self.weights)
+        choices.advance(start_step * batch_size)  # the choices before the first batch, not their reads
+        pool = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="flat-tokens-blend")
+        try:
+            streams = [_WindowStream(split, order, length, pool, False) for split, order in zip(self.splits, orders)]
+            while True:
+                before = list(choices.counts)
+                batch = choices.advance(batch_size)
+                mine = batch[lo:hi]
+                windows = np.empty((hi - lo, length), np.uint32)
+                for i, stream in enumerate(streams):
+                    at = np.flatnonzero(mine == i)
+                    if at.size:
+                        first = before[i] + int(np.count_nonzero(batch[:lo] == i))  # its windows taken so far
+                        windows[at] = stream.take(first, first + at.size)[0]
+                token_sources = np.repeat(mine.astype(np.uint16)[:, None], length, axis=1) if with_sources else None
+                yield _batch(windows, token_sources, with_segments)
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)

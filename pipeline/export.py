@@ -1,0 +1,225 @@
+"""`flat-tokens export --format megatron DATASET PREFIX`: a committed dataset -> Megatron-LM
+`.bin`/`.idx` pairs, as a Beam job on any runner.
+
+    flat-tokens export --format megatron out/corpus.zarr out/megatron/corpus [--append_eod ID]
+                       [--part_tokens N] [--overwrite] [--storage_option KEY=VALUE ...] [Beam options]
+
+Each split is cut into parts of about --part_tokens tokens, at sequence boundaries; part k of
+a split is `PREFIX-SPLIT-0000k.bin` and `.idx` (pipeline/megatron.py: the layout). Parts are
+planned in the launcher (a few seq_starts reads per part, however large the split), and each
+part is written by one worker, in parallel, with no merge step. A part's files are written
+under temporary names and renamed into place, so a retried bundle writes the same bytes to
+the same names. Every part reads the run the launcher opened (pipeline.reader refuses a
+replaced dataset). At the end the launcher checks every file's size and prints Megatron's
+data-path lists, weighted by tokens.
+
+Exit status: 0 written; 1 the pipeline failed (parts may be missing: rerun with --overwrite);
+2 a usage error found before anything is written (no dataset, an id out of range, files that
+exist without --overwrite).
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import posixpath
+import sys
+import uuid
+from dataclasses import dataclass
+
+from pipeline import logs  # noqa: I001 (before apache_beam: it filters Beam's import-time noise)
+
+import apache_beam as beam  # noqa: E402
+import numpy as np
+from apache_beam.options.pipeline_options import PipelineOptions
+from fsspec.core import url_to_fs
+
+from pipeline import VERSION, megatron
+from pipeline.options import unknown_options
+from pipeline.reader import SPLITS, DatasetError, FlatTokensSplit, open_dataset
+from pipeline.verify import _storage_option
+
+USAGE_ERROR = 2
+PIPELINE_FAILED = 1
+DEFAULT_PART_TOKENS = 1 << 30  # 2 GB of uint16 ids per .bin
+MAX_ID = 2**31 - 1
+
+
+class ExportError(ValueError):
+    """A usage error found before anything is written (exit 2)."""
+
+
+@dataclass(frozen=True)
+class Part:
+    """Sequences [first, stop) of a split, written as `prefix`.bin and .idx."""
+
+    split: str
+    index: int
+    first: int
+    stop: int
+    tokens: int  # in the .bin, EOD ids included
+    prefix: str
+
+
+def plan_parts(split: FlatTokensSplit, prefix: str, part_tokens: int, append_eod: bool) -> list[Part]:
+    """The split cut at the sequences holding tokens part_tokens, 2*part_tokens, ...: parts of
+    about part_tokens tokens (a sequence is never cut), none empty."""
+    if len(split) == 0:
+        return []
+    cuts = sorted({split.sequence_at(k * part_tokens) for k in range(1, math.ceil(split.num_tokens / part_tokens))}
+                  - {0})
+    bounds = [0, *cuts, len(split)]
+    starts = [split.sequence_bounds(b)[0] for b in bounds[:-1]] + [split.num_tokens]
+    return [Part(split.split, k, a, b, starts[k + 1] - starts[k] + ((b - a) if append_eod else 0),
+                 megatron.part_name(prefix, split.split, k))
+            for k, (a, b) in enumerate(zip(bounds[:-1], bounds[1:]))]
+
+
+class WritePart(beam.DoFn):
+    """Part -> its .bin and .idx, written under temporary names and renamed into place;
+    emits (part, bytes of the .bin)."""
+
+    def __init__(self, url: str, storage_options: dict, run_id: str, dtype: str, append_eod: int | None):
+        self._url, self._storage_options, self._run_id = url, storage_options, run_id
+        self._dtype, self._append_eod = np.dtype(dtype), append_eod
+        self._splits = None
+
+    def setup(self):
+        self._splits = {}
+
+    def _split(self, name: str) -> FlatTokensSplit:
+        if name not in self._splits:  # the run the launcher planned, or DatasetReplaced
+            self._splits[name] = FlatTokensSplit(self._url, name, self._storage_options, _identity=self._run_id)
+        return self._splits[name]
+
+    def process(self, part: Part):
+        split = self._split(part.split)
+        lengths = split.sequence_lengths(part.first, part.stop) + (1 if self._append_eod is not None else 0)
+        fs, path = url_to_fs(part.prefix, **self._storage_options)
+        written = 0
+        temporary = f"{path}.bin.{uuid.uuid4().hex}.tmp"
+        try:
+            with fs.open(temporary, "wb") as f:
+                for encoded, bounds in split._sequence_blocks(part.first, part.stop):
+                    data = megatron.bin_bytes(encoded, bounds, self._dtype, self._append_eod)
+                    f.write(data)
+                    written += len(data)
+            if written != part.tokens * self._dtype.itemsize:
+                raise RuntimeError(f"{part.prefix}.bin: wrote {written} bytes, expected "
+                                   f"{part.tokens * self._dtype.itemsize}")
+            fs.mv(temporary, f"{path}.bin")
+        finally:
+            if fs.exists(temporary):
+                fs.rm(temporary)
+        index = f"{path}.idx.{uuid.uuid4().hex}.tmp"
+        fs.pipe_file(index, megatron.index_bytes(lengths, self._dtype))
+        fs.mv(index, f"{path}.idx")
+        yield part, written
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(
+        prog="flat-tokens export",
+        usage="flat-tokens export --format megatron DATASET PREFIX [options] [Beam options]",
+        description="Write a committed flat-tokens dataset as Megatron-LM .bin/.idx pairs (a Beam job).",
+        epilog="Any Apache Beam option is accepted too (--runner, --direct_num_workers, ...).")
+    ap.add_argument("dataset", help="the committed dataset (local path or gs:// URL)")
+    ap.add_argument("prefix", help="path prefix of the parts: PREFIX-train-00000.bin/.idx, ...")
+    ap.add_argument("--format", required=True, choices=("megatron",), help="the output layout")
+    ap.add_argument("--append_eod", type=int, metavar="ID",
+                    help="append this token id after every sequence (Megatron's --append-eod)")
+    ap.add_argument("--part_tokens", type=int, default=DEFAULT_PART_TOKENS,
+                    help=f"about this many tokens per part, each written by one worker (default {DEFAULT_PART_TOKENS})")
+    ap.add_argument("--overwrite", action="store_true", help="replace parts this export would write, if they exist")
+    ap.add_argument("--storage_option", type=_storage_option, action="append", default=[], metavar="KEY=VALUE",
+                    help="fsspec storage option for the dataset and the prefix, repeatable")
+    ap.add_argument("--version", action="version", version=VERSION)
+    return ap.parse_known_args(argv)
+
+
+def plan_export(args) -> tuple[dict, list[Part], np.dtype]:
+    """(the splits, every part, the .bin dtype); ExportError for what must be fixed first."""
+    so = dict(args.storage_option)
+    unknown = unknown_options(args.beam_args)
+    if unknown:
+        raise ExportError(f"unknown option {unknown[0]}; see --help")
+    if args.part_tokens < 1:
+        raise ExportError(f"--part_tokens {args.part_tokens}: must be a positive integer")
+    if args.append_eod is not None and not 0 <= args.append_eod <= MAX_ID:
+        raise ExportError(f"--append_eod {args.append_eod}: must be a token id in [0, 2**31-1]")
+    try:
+        splits = open_dataset(args.dataset, so or None)
+    except DatasetError as e:
+        raise ExportError(str(e)) from None
+    top = max([s.max_token_id for s in splits.values()] + [args.append_eod or 0])
+    parts = [p for name in SPLITS
+             for p in plan_parts(splits[name], args.prefix, args.part_tokens, args.append_eod is not None)]
+    fs, _ = url_to_fs(args.prefix, **so)
+    if not args.overwrite:
+        found = [f"{p.prefix}{ext}" for p in parts for ext in (".bin", ".idx") if fs.exists(f"{p.prefix}{ext}")]
+        if found:
+            raise ExportError(f"{found[0]} exists ({len(found)} of the files to write do); pass --overwrite to "
+                              f"replace them, or choose another PREFIX")
+    parent = posixpath.dirname(url_to_fs(args.prefix, **so)[1])
+    if parent:
+        fs.makedirs(parent, exist_ok=True)
+    return splits, parts, megatron.dtype_for(top)
+
+
+def check_written(parts: list[Part], dtype: np.dtype, storage_options: dict) -> list[str]:
+    """Every part's files exist at the sizes their sequences imply."""
+    problems = []
+    for p in parts:
+        fs, path = url_to_fs(p.prefix, **storage_options)
+        for ext, size in ((".bin", p.tokens * dtype.itemsize), (".idx", 34 + 20 * (p.stop - p.first) + 8)):
+            got = fs.size(f"{path}{ext}") if fs.exists(f"{path}{ext}") else None
+            if got != size:
+                problems.append(f"{p.prefix}{ext}: {'missing' if got is None else f'{got} bytes'}, expected {size}")
+    return problems
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args, beam_args = parse_args(argv)
+    args.beam_args = beam_args
+    try:
+        splits, parts, dtype = plan_export(args)
+    except (ExportError, OSError) as e:
+        print(f"flat-tokens: error: {e}", file=sys.stderr)
+        return USAGE_ERROR
+    so = dict(args.storage_option)
+    run_id = splits["train"].run_id
+    options = PipelineOptions(args.beam_args)
+    from pipeline.run import in_process_runner  # the same runner choice as `flat-tokens run`
+    try:
+        with beam.Pipeline(runner=in_process_runner(options), options=options) as p:
+            (p | "Parts" >> beam.Create(parts)
+               | "OnePerWorker" >> beam.Reshuffle()
+               | "WritePart" >> beam.ParDo(WritePart(args.dataset, so, run_id, dtype.name, args.append_eod)))
+    except Exception as e:  # Beam wraps worker errors; the last line holds the cause
+        cause = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+        print(f"flat-tokens: error: the export failed; parts may be missing or stale. Cause: {cause}", file=sys.stderr)
+        return PIPELINE_FAILED
+    problems = check_written(parts, dtype, so)
+    if problems:
+        print(f"flat-tokens: error: the export is incomplete: {problems[0]} ({len(problems)} problems)",
+              file=sys.stderr)
+        return PIPELINE_FAILED
+    print(f"flat-tokens: exported {args.dataset} (run {run_id}) as {len(parts)} Megatron .bin/.idx pairs, "
+          f"ids as {dtype.name}" + (f", id {args.append_eod} after every sequence" if args.append_eod is not None
+                                    else ""))
+    lists = {}
+    for name in SPLITS:
+        mine = [p for p in parts if p.split == name]
+        lists[name] = megatron.data_path([(p.tokens, p.prefix) for p in mine])
+        print(f"  {name}: {len(mine)} parts, {sum(p.tokens for p in mine):,} tokens")
+    print("Megatron-LM data arguments (weights are tokens; Megatron normalises them):")
+    print(f"  --data-path {lists['train']}")
+    if lists["validation"]:
+        print(f"  --train-data-path {lists['train']} --valid-data-path {lists['validation']}")
+    return 0
+
+
+if __name__ == "__main__":
+    from pipeline.cli import run_command
+    from pipeline.export import main as module_main  # so Part and WritePart pickle as pipeline.export's
+    sys.exit(run_command(module_main))

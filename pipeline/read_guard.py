@@ -1,0 +1,151 @@
+"""Reads that never serve zeros or another dataset's data (for pipeline.reader).
+
+zarr reads a chunk that is not in the store as the array's fill value: a lost chunk, or a
+dataset deleted under an open reader, would come back as token id 0, silently. And a reader
+that opened one run's dataset keeps its arrays' metadata: after `--overwrite` replaced the
+dataset with one of the same shape, it would read the new run's chunks as if they were the
+old run's. Two guards, one for each:
+
+* `open_store` wraps the dataset's zarr store so that reading a chunk that does not exist
+  raises MissingChunk (metadata documents may be absent: zarr asks for some that a format
+  does not have). The read that finds the chunk missing costs nothing more.
+* `RunGuard.check` reads the root attributes (one small object: `.zattrs`, or `zarr.json` for
+  zarr 3) and raises DatasetReplaced unless they still name the run that was opened and say
+  it is complete. The reader calls it *after* each block it reads: a replacing run removes
+  the root metadata before it deletes or writes any chunk (transforms/write/ownership.py), and
+  once removed the old run's root never comes back, so root metadata that still names the
+  opened run after a read proves the data read was that run's.
+
+Imports numpy, zarr and fsspec only: a trainer's environment needs no Beam.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import posixpath
+
+import zarr
+from fsspec.core import url_to_fs
+from zarr.storage import FsspecStore, LocalStore, WrapperStore
+
+# Keys zarr may ask for that need not exist; every other key of a split is a chunk (or shard).
+METADATA_KEYS = frozenset({".zarray", ".zattrs", ".zgroup", ".zmetadata", "zarr.json"})
+ROOT_ATTRIBUTES = {2: ".zattrs", 3: "zarr.json"}
+
+
+class DatasetError(Exception):
+    """The dataset cannot be read: missing, not committed, or not a flat-tokens dataset."""
+
+
+class MissingChunk(DatasetError):
+    """A chunk the arrays' shapes say exists is not in the store."""
+
+
+class DatasetReplaced(DatasetError):
+    """The dataset the reader opened is no longer the committed one at its URL."""
+
+
+def _is_metadata(key: str) -> bool:
+    return posixpath.basename(key) in METADATA_KEYS
+
+
+class ChunksMustExist(WrapperStore):
+    """A read-only store in which a missing chunk is an error, never the fill value."""
+
+    def __init__(self, store, url: str = ""):
+        super().__init__(store)
+        self._url = url
+
+    def _with_store(self, store):
+        return type(self)(store, self._url)
+
+    def _missing(self, key: str) -> MissingChunk:
+        return MissingChunk(f"{self._url}: chunk {key} is missing: the dataset lost data (or is being deleted); "
+                            f"it cannot be read")
+
+    async def get(self, key, prototype, byte_range=None):
+        value = await self._store.get(key, prototype, byte_range)
+        if value is None and not _is_metadata(key):
+            raise self._missing(key)
+        return value
+
+    async def get_partial_values(self, prototype, key_ranges):
+        key_ranges = list(key_ranges)
+        values = await self._store.get_partial_values(prototype, key_ranges)
+        for (key, _), value in zip(key_ranges, values):
+            if value is None and not _is_metadata(key):
+                raise self._missing(key)
+        return values
+
+    async def _get_many(self, requests):
+        async for key, value in self._store._get_many(requests):
+            if value is None and not _is_metadata(key):
+                raise self._missing(key)
+            yield key, value
+
+
+def open_store(url: str, storage_options: dict | None = None) -> ChunksMustExist:
+    """The dataset's store, read-only, with missing chunks raising MissingChunk."""
+    if "://" in url and not url.startswith("file://"):
+        inner = FsspecStore.from_url(url, storage_options=dict(storage_options or {}), read_only=True)
+    else:
+        path = url[len("file://"):] if url.startswith("file://") else url
+        inner = LocalStore(os.path.expanduser(path), read_only=True)
+    return ChunksMustExist(inner, url)
+
+
+def run_identity(attrs: dict) -> str:
+    """What names the run that committed a dataset: its `run_id`; for a dataset written by
+    another tool (no run id), a digest of its root attributes."""
+    run_id = attrs.get("run_id")
+    if isinstance(run_id, str) and run_id:
+        return run_id
+    return "attributes:" + hashlib.sha256(json.dumps(attrs, sort_keys=True, default=str).encode()).hexdigest()
+
+
+class RunGuard:
+    """Checks that the committed dataset at `url` is still the run that was opened.
+
+    Plain data (URL, options, format, identity): it pickles, and each process opens its own
+    filesystem on first use."""
+
+    def __init__(self, url: str, storage_options: dict | None, zarr_format: int, identity: str):
+        self.url = url
+        self.storage_options = dict(storage_options or {})
+        self.zarr_format = zarr_format
+        self.identity = identity
+        self._fs = None
+
+    def __getstate__(self):
+        return {**self.__dict__, "_fs": None}
+
+    def current_attributes(self) -> dict | None:
+        """The root attributes committed at the URL now (one small read), or None when there is
+        no root metadata (the dataset was deleted, or is being replaced)."""
+        if self._fs is None:
+            self._fs, self._path = url_to_fs(self.url, **self.storage_options)
+        key = posixpath.join(self._path.rstrip("/"), ROOT_ATTRIBUTES[self.zarr_format])
+        try:
+            raw = self._fs.cat_file(key)
+        except FileNotFoundError:
+            return None
+        document = json.loads(raw)
+        return document.get("attributes", {}) if self.zarr_format == 3 else document
+
+    def check(self) -> None:
+        """Raises DatasetReplaced unless the opened run is still the committed one."""
+        attrs = self.current_attributes()
+        if attrs is None:
+            raise DatasetReplaced(f"{self.url}: the dataset was deleted or uncommitted while it was being read "
+                                  f"(no root metadata now); what was read cannot be trusted")
+        if attrs.get("complete") is not True or run_identity(attrs) != self.identity:
+            now = attrs.get("run_id") or "another dataset"
+            raise DatasetReplaced(f"{self.url}: the dataset was replaced while it was being read (run "
+                                  f"{self.identity} was opened, the committed one is now {now}, "
+                                  f"complete={attrs.get('complete')!r}); reopen it to read the new one")
+
+
+def open_group(url: str, storage_options: dict | None = None) -> zarr.Group:
+    """The root group through a ChunksMustExist store."""
+    return zarr.open_group(store=open_store(url, storage_options), mode="r")

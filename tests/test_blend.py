@@ -1,0 +1,94 @@
+"""Train-time blending (pipeline.blend) of splits of two datasets written by the real pipeline."""
+import pickle
+
+import numpy as np
+import pytest
+
+from pipeline.blend import Blend, source_seed
+from pipeline.reader import Batch, open_dataset
+from tests.helpers import SAMPLE, run_pipeline
+
+LENGTH = 256
+SIZES = {"block_tokens": 4 * LENGTH, "buffer_blocks": 3}
+
+
+@pytest.fixture(scope="module")
+def splits(tmp_path_factory):
+    """The sample's two files as two datasets; the blend takes both train splits and one
+    validation split (few windows: it runs out, and restarts, many times)."""
+    root = tmp_path_factory.mktemp("blend")
+    out = {}
+    for name in ("corpus-1", "corpus-2"):
+        out[name] = root / f"{name}.zarr"
+        run_pipeline("--input", SAMPLE / f"{name}.jsonl", "--output", out[name], "--tokenizer", "bytes",
+                     "--validation_fraction", "0.05", "--tokens_chunk_size", "4096")
+    one, two = open_dataset(str(out["corpus-1"])), open_dataset(str(out["corpus-2"]))
+    return [one["train"], two["train"], one["validation"]]
+
+
+def reference_choices(weights, positions):
+    """Megatron's rule, written here from its description: position p goes to the split whose
+    count lags weight * max(p, 1) most, ties to the first."""
+    total = sum(weights)
+    w = [x / total for x in weights]
+    counts, out = [0] * len(w), []
+    for p in range(positions):
+        lags = [w[i] * max(p, 1) - counts[i] for i in range(len(w))]
+        best = lags.index(max(lags))
+        counts[best] += 1
+        out.append(best)
+    return out
+
+
+def rows(batches):
+    return np.concatenate([b.targets for b in batches]), np.concatenate([b.sources[:, 0] for b in batches])
+
+
+def test_windows_follow_the_weights_in_every_prefix(splits):
+    weights = [5, 3, 2]
+    blend = Blend(splits, weights, seed=4)
+    batches = [b for _, b in zip(range(30), blend.packed_batches(LENGTH, 16, sources=True, **SIZES))]
+    assert all(isinstance(b, Batch) and b.targets.shape == (16, LENGTH) for b in batches)
+    _, chosen = rows(batches)
+    assert chosen.tolist() == reference_choices(weights, chosen.size)
+    counts = np.cumsum(np.eye(3, dtype=np.int64)[chosen], axis=0)
+    share = np.arange(1, chosen.size + 1)[:, None] * (np.array(weights) / 10)
+    assert np.abs(counts - share).max() < 2  # every prefix: within two windows of each weight's share
+    assert blend.counts(chosen.size) == counts[-1].tolist()
+    assert (batches[0].sources == batches[0].sources[:, :1]).all()  # a row's tokens share its split
+
+
+def test_each_split_gives_its_own_stream_restarting_its_epochs(splits):
+    blend = Blend(splits, [5, 3, 2], seed=4)
+    targets, chosen = rows([b for _, b in zip(range(30), blend.packed_batches(LENGTH, 16, sources=True, **SIZES))])
+    for i, split in enumerate(splits):
+        mine = targets[chosen == i]
+        own = split.packed_batches(LENGTH, 1, seed=source_seed(4, i), **SIZES)
+        want = np.concatenate([next(own)[1] for _ in range(len(mine))])
+        assert np.array_equal(mine, want)
+    small = splits[2].num_windows(LENGTH)
+    assert (chosen == 2).sum() > small  # the validation split ran out, and restarted its epoch
+
+
+def test_resume_ranks_and_pickling(splits):
+    blend = Blend(splits, [1, 1, 0.5], seed=7)
+    full = [b for _, b in zip(range(12), blend.packed_batches(LENGTH, 8, **SIZES))]
+    copy = pickle.loads(pickle.dumps(blend))
+    for k in (1, 5, 11):
+        inputs, targets = next(copy.packed_batches(LENGTH, 8, start_step=k, **SIZES))
+        assert np.array_equal(inputs, full[k][0]) and np.array_equal(targets, full[k][1])
+        parts = [next(blend.packed_batches(LENGTH, 8, start_step=k, rank=r, world_size=4, segments=True, **SIZES))
+                 for r in range(4)]
+        assert np.array_equal(np.concatenate([p.targets for p in parts]), full[k][1])
+        assert all(p.segment_ids.shape == (2, LENGTH) for p in parts)
+
+
+def test_a_blend_refuses_bad_arguments(splits):
+    for weights, error in (([1, 2], ValueError), ([1, 0, 1], ValueError), ([1, -1, 1], ValueError),
+                           ([1, float("nan"), 1], ValueError), ([1, "x", 1], TypeError)):
+        with pytest.raises(error):
+            Blend(splits, weights)
+    with pytest.raises(ValueError, match="no full window"):
+        Blend(splits, [1, 1, 1]).packed_batches(10**7, 2)
+    with pytest.raises(ValueError, match="divisible"):
+        Blend(splits, [1, 1, 1]).packed_batches(LENGTH, 6, world_size=4)
