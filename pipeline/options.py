@@ -172,6 +172,14 @@ OPTIONS: tuple[Option, ...] = (
            template=Template("Start over instead of resuming", "flag",
                              help="true to throw away the work that an earlier, failed job with this output kept "
                                   "there (and the chunks it wrote), instead of resuming from it")),
+    Option(name="no_staging", group="output", type=bool,
+           help="keep no staging area at --output: a run that fails or is killed starts over from nothing "
+                "(saves writing each tokenized batch to the output's storage; any staging area found there is "
+                "thrown away, as with --restart)",
+           template=Template("Keep no work for a relaunch", "flag",
+                             help="true to keep no staging area under the output: a failed job is then relaunched "
+                                  "from nothing, but no tokenized batch is written to Cloud Storage during the "
+                                  "job")),
     Option(name="rejected_output", group="output", default_text="OUTPUT.rejected",
            help="directory for the rejected-lines report (file, line, reason, excerpt); "
                 "OUTPUT.rejected is next to the zarr group",

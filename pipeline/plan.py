@@ -45,6 +45,7 @@ class JobPlan:
     input_bytes: int = 0
     progress_dir: str | None = None  # local runs only: where workers leave progress totals
     expected_owner: tuple = (0, "")  # (claim generation, run id) the launcher found at the output
+    take_unfinished: bool = False  # it found no committed dataset: an unfinished output may be taken (resumed)
     spill_dir: str | None = None  # local runs only: where shard parts' ids wait for the sort (transforms/shuffle/spill.py)
     provenance: dict = field(default_factory=dict)
     row_groups: list[RowGroup] = field(default_factory=list)  # of the Parquet files, from their footers

@@ -20,7 +20,7 @@ from transforms.write.ownership import CONFLICT_PREFIX
 from transforms.write.zarr_store import array_length
 
 # Options that change nothing a run writes: they do not make another command.
-_NOT_THE_COMMAND = {"overwrite", "restart", "summary_json", "progress_interval", "quiet", "verbose"}
+_NOT_THE_COMMAND = {"overwrite", "restart", "no_staging", "summary_json", "progress_interval", "quiet", "verbose"}
 COMPRESSION_RATIO_GUESS = 4  # as pipeline/plan.py: progress only
 
 
@@ -79,7 +79,6 @@ class Resume:
     chunks: frozenset = frozenset()  # shared chunks recorded as written: (split, array, index)
     keep_arrays: bool = False
     reused_chunks: int = 0
-    take_unfinished: bool = True  # no committed dataset was found: an unfinished output may be taken
 
     def unread(self, units: list) -> list:
         """The units (ReadRanges or RowGroups) that must be read: those not replayed."""
@@ -137,10 +136,15 @@ def job_key(plan, units: dict) -> str:
         "arrays": list(plan.target.arrays())})
 
 
-def prepare(plan, o: FlatTokensOptions, found, storage_options: dict | None = None) -> Resume:
+def prepare(plan, o: FlatTokensOptions, found, storage_options: dict | None = None) -> Resume | None:
     """Keys this job's work, looks at the staging area once and decides what to reuse; then
     names this command there. `found`: the launcher's OutputState of --output. With
-    --restart, the staging area is thrown away first (the output is this tool's: checked)."""
+    --restart or --no_staging, the staging area is thrown away first (the output is this
+    tool's: checked); with --no_staging nothing is kept (None)."""
+    if o.no_staging:
+        if found.kind == "dataset":
+            StagingArea(o.output, storage_options).remove()
+        return None
     units, sizes = unit_keys(plan, storage_options)
     area = StagingArea(o.output, storage_options, job_key(plan, units), units)
     staged = Staged()
@@ -149,7 +153,7 @@ def prepare(plan, o: FlatTokensOptions, found, storage_options: dict | None = No
             area.remove()
         else:
             staged = area.listing()
-    resume = Resume(area, plan.target, unit_total=len(sizes), take_unfinished=not found.committed)
+    resume = Resume(area, plan.target, unit_total=len(sizes))
     resume.units = sorted((key, name, sizes[key]) for key, name in staged.units.items() if key in sizes)
     conflicts = any(n.startswith(CONFLICT_PREFIX) for n in found.names)
     if (found.kind == "dataset" and not found.committed and not conflicts
@@ -164,9 +168,9 @@ def prepare(plan, o: FlatTokensOptions, found, storage_options: dict | None = No
     return resume
 
 
-def describe(resume: Resume) -> str | None:
+def describe(resume: Resume | None) -> str | None:
     """The launcher's line when it found staged work to reuse."""
-    if not resume.units and not resume.shards and not resume.keep_arrays:
+    if resume is None or not resume.units and not resume.shards and not resume.keep_arrays:
         return None
     return (f"flat-tokens: resuming: {len(resume.units):,} of {resume.unit_total:,} input units staged, "
             f"{len(resume.shards):,} shards and {resume.reused_chunks:,} chunks written")

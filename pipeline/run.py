@@ -181,6 +181,7 @@ def main(argv=None) -> int:
         found = zarr_store.refuse_occupied(ft.output, ft.overwrite, resumable=resume.same_command(ft))
         plan = plan_job(ft)
         plan.expected_owner = found.owner  # CreateOutput replaces only this, or stops
+        plan.take_unfinished = not found.committed
         inputs = [f.url for f in plan.files] + _tokenizer_file(ft.tokenizer) + ([ft.mixture] if ft.mixture else [])
         refuse_overlaps(ft.output, inputs, plan.rejected_url)
         zarr_store.check_writable(plan.target)

@@ -250,6 +250,21 @@ def test_restart_throws_the_staged_work_away(job, tmp_path):
     assert dataset_digest(out) == dataset_digest(ref)
 
 
+def test_no_staging_keeps_nothing_and_throws_found_work_away(job, tmp_path):
+    root, args, ref = job
+    out = tmp_path / "out.zarr"
+    kill_when([*args, "--no_staging"], out, lambda: len(list(out.glob("train/encoded_tokens/[0-9]*"))) >= 3)
+    assert not area(out).exists()
+    proc = run_pipeline(*args, "--no_staging", "--output", out, check=False)  # nothing says which command it was
+    assert proc.returncode == 2 and "--overwrite" in proc.stderr
+    out = tmp_path / "out2.zarr"
+    kill_when(args, out, lambda: shards_recorded(out) >= 2)
+    run_pipeline(*args, "--no_staging", "--output", out, "--summary_json", tmp_path / "summary.json")
+    assert json.loads((tmp_path / "summary.json").read_text())["reused"] is None
+    assert not area(out).exists()
+    assert dataset_digest(out) == dataset_digest(ref)
+
+
 def test_a_committed_dataset_is_never_resumed(job, tmp_path):
     root, args, ref = job
     out = tmp_path / "out.zarr"

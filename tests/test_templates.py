@@ -93,6 +93,7 @@ SAMPLES = {
     "num_shards": NON_NEGATIVE_INT,
     "overwrite": (["true", "false"], ["True", "yes", "1", "", "--overwrite"]),
     "restart": (["true", "false"], ["True", "yes", "1", "", "--restart"]),
+    "no_staging": (["true", "false"], ["True", "yes", "1", "", "--no_staging"]),
     "zarr_format": (["2", "3"], ["1", "4", "v2", "", "2.0"]),
     "tokens_chunk_size": POSITIVE_INT,
     "seq_starts_chunk_size": POSITIVE_INT,
@@ -531,7 +532,7 @@ def test_template_argv_turns_template_booleans_into_flags_and_drops_blanks():
 TEMPLATE_VALUES = {  # every optional parameter, as Dataflow passes it (validation_input set, see below,
     # so validation_fraction may only be 0: a fraction together with validation_input is refused)
     "text_key": "text", "seed": "7", "validation_fraction": "0", "num_shards": "2", "overwrite": "false",
-    "restart": "false",
+    "restart": "false", "no_staging": "false",
     "zarr_format": "3", "tokens_chunk_size": "8192", "seq_starts_chunk_size": "256", "chunks_per_shard": "2",
     "codec": "blosc-lz4", "max_rejected_fraction": "0.01", "read_range_mb": "1", "batch_documents": "128",
     "tokenizer_backend": "fastokens", "tokenizer_check_fraction": "0.5", "dedup": "exact",

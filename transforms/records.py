@@ -3,6 +3,8 @@
 Batching keeps Beam's per-element cost (pickling, a GroupByKey entry) off every document,
 and numpy arrays pickle as flat buffers. RecordCoder (below) is registered for each type.
 """
+import mmap
+import os
 import pickle
 from dataclasses import dataclass, field, fields
 
@@ -36,8 +38,34 @@ class TokenizedBatch:
     empty: int  # documents that tokenized to nothing (dropped)
     digests: np.ndarray | None = None  # (n, 2) uint64 content digests, with --dedup exact only
     # Where these ids lie on local disk as they are, when a run staged them there
-    # (transforms/staging.py): the shuffle's spill then maps that file instead of writing one.
+    # (transforms/staging.py): the shuffle's spill then maps that file instead of writing one,
+    # and a batch that crosses from one stage to another (a resumed run's replayed batches
+    # meet the freshly tokenized ones in a Flatten) carries the file's name, not its ids.
     ids_file: str | None = None
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        if state["ids_file"] is not None:
+            state["ids"] = (state["ids"].dtype.name, int(state["ids"].size))
+        return state
+
+    def __setstate__(self, state):
+        if state["ids_file"] is not None:
+            state["ids"] = mapped_ids(state["ids_file"], *state["ids"])
+        self.__dict__.update(state)
+
+
+def mapped_ids(path: str, dtype: str, n: int) -> np.ndarray:
+    """A local file of `n` ids as they are, mapped read-only; checked to hold exactly them."""
+    dtype = np.dtype(dtype)
+    size = os.path.getsize(path)  # FileNotFoundError names the path
+    if size != n * dtype.itemsize:
+        raise RuntimeError(f"ids file {path}: {size} bytes, expected {n * dtype.itemsize}")
+    if n == 0:
+        return np.empty(0, dtype=dtype)
+    with open(path, "rb") as f:
+        # A plain array over the mapping; the mapping lives as long as any view of it.
+        return np.frombuffer(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ), dtype=dtype)
 
 
 def narrowest_ids(ids: np.ndarray, top: int | None = None) -> np.ndarray:

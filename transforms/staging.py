@@ -36,7 +36,6 @@ import bisect
 import hashlib
 import io
 import json
-import mmap
 import os
 import shutil
 import uuid
@@ -46,7 +45,7 @@ import numcodecs
 import numpy as np
 from fsspec.core import url_to_fs
 
-from transforms.records import TokenizedBatch
+from transforms.records import TokenizedBatch, mapped_ids
 
 FOLDER = ".flat-tokens-staging"
 FORMAT = 1  # of the objects below; part of every key
@@ -195,7 +194,7 @@ class StagingArea:
         header, arrays = _unnpz(self.fs.cat_file(base + BATCH))
         dtype, n = np.dtype(header["ids_dtype"]), header["ids"]
         if header["local"]:
-            ids = _mapped(base + IDS, dtype, n)
+            ids = mapped_ids(base + IDS, dtype, n)
             ids_file = base + IDS
         else:
             ids = np.frombuffer(_IDS_CODEC.decode(self.fs.cat_file(base + IDS)), dtype=dtype)
@@ -309,15 +308,3 @@ def _unnpz(data: bytes) -> tuple[dict, dict]:
     with np.load(io.BytesIO(data), allow_pickle=False) as z:
         arrays = {k: z[k] for k in z.files}
     return json.loads(arrays.pop("header").tobytes()), arrays
-
-
-def _mapped(path: str, dtype: np.dtype, n: int) -> np.ndarray:
-    """A local ids file, mapped read-only (as the shuffle maps it), checked to hold `n` ids."""
-    size = os.path.getsize(path)
-    if size != n * dtype.itemsize:
-        raise RuntimeError(f"staged batch {path}: {size} bytes, expected {n * dtype.itemsize}")
-    if n == 0:
-        return np.empty(0, dtype=dtype)
-    with open(path, "rb") as f:
-        return np.frombuffer(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ), dtype=dtype)
-
