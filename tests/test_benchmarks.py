@@ -93,3 +93,24 @@ def test_raw_limit_is_standalone_and_counts_every_token(tmp_path):
         assert "orjson" in imported and not imported & {"pipeline", "transforms", "benchmarks"}, imported
         counted = json.loads(proc.stdout.strip().splitlines()[-1])
         assert (counted["tokens"], counted["documents"]) == (expected, len(texts)), (backend, counted)
+
+
+def test_bench_resume_smoke(tmp_path):
+    texts = [json.loads(line)["text"] for line in open(SAMPLE / "corpus-1.jsonl", encoding="utf-8")][:300]
+    corpus = write_jsonl(tmp_path / "tiny.jsonl", texts)
+    results, work = tmp_path / "bench-resume.json", tmp_path / "work"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "bench_resume.py"), "--input", str(corpus), "--tokenizer", "bytes",
+         "--scale", "2", "--rounds", "1", "--json", str(results), "--workdir", str(work)],
+        cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
+    for field in ("every round", "(a) staged s", "(b) --no_staging s", "overhead", "(c) killed at s",
+                  "staging's overhead", "staging area on disk", "bytes/token", "targets",
+                  "the resumed run takes <= 35%", "staging adds <= 10%"):
+        assert field in proc.stdout, f"{field!r} missing from:\n{proc.stdout}"
+    r = json.loads(results.read_text())
+    (one,) = r["rounds"]
+    assert one["a"]["tokens"] == one["b"]["tokens"] > 0 and one["c"]["killed_at_seconds"] > 0
+    assert "d" in one or one["c"]["finished_before_the_kill"] or one["c"]["left"]["committed"]
+    assert r["peak"]["staging_peak_bytes"] > 0 and r["medians"]["overhead"] == one["overhead"]
+    assert not any(work.iterdir()), "the work directory is removed without --keep"
