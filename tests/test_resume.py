@@ -406,7 +406,16 @@ def mixture_corpus(root: Path) -> Path:
     return root
 
 
+def corpus_and_tokenizer(root: Path) -> Path:
+    corpus(root)
+    texts = [f"document {i} " + "words and more words " * (i % 23) for i in range(400)]
+    train_byte_level_bpe(texts, 500).save(str(root.parent / "tok.json"))  # not among the inputs
+    return root
+
+
 VARIANTS = {
+    "a fast backend checked by the guard": (corpus_and_tokenizer, [
+        "--tokenizer", "{root}/../tok.json", "--tokenizer_backend", "fastokens", "--tokenizer_check_fraction", "0.3"]),
     "dedup": (corpus, ["--dedup", "exact"]),
     "zarr 3 sharded": (corpus, ["--zarr_format", "3", "--chunks_per_shard", "2", "--codec", "blosc-zstd"]),
     "parquet": (parquet_corpus, []),

@@ -9,7 +9,7 @@ ReplayStagedUnits emits, for each unit an earlier attempt of the job staged whol
 reading and tokenizing it gave: its TokenizedBatches, and the reader's rejected lines, line
 count and counts. Downstream nothing can tell the two apart: they are the same values.
 """
-from collections import Counter
+from collections import Counter, deque
 
 import apache_beam as beam
 
@@ -20,37 +20,48 @@ from transforms.tokenize.tokenizer import TokenizeBatches
 
 
 class TokenizeAndStage(TokenizeBatches):
-    """DocumentBatch -> TokenizedBatch, staged under the unit the batch was read from."""
+    """DocumentBatch -> TokenizedBatch, staged under the unit the batch was read from.
+
+    A sampled batch's documents are staged once its comparison has finished and passed; the
+    comparisons run one at a time on the guard's thread (TokenizeBatches), so at most the
+    batches since the last sampled one wait, in order."""
 
     def __init__(self, info, area, storage_options: dict | None = None, progress_dir: str | None = None,
                  digests: bool = False):
         super().__init__(info, storage_options, progress_dir, digests)
         self._area = area  # transforms.staging.StagingArea
-        self._unchecked = []  # (unit, place, batch): ids staged, the guard's comparison still running
+        self._unchecked = deque()  # (unit, place, batch, its comparison or None): ids staged, documents not yet
 
     def start_bundle(self):
         super().start_bundle()
-        self._unchecked = []  # a failed bundle's batches are not this bundle's
+        self._unchecked = deque()  # a failed bundle's batches are not this bundle's
 
     def process(self, batch):
         place = int(batch.offsets[0])  # a batch's name: tokenizing may drop its first (empty) document
         unit = self._area.unit_of(batch.file_key, place)
+        before = self._checking
         for tokenized in super().process(batch):
+            own = self._checking if self._checking is not before else None  # a new comparison: this batch's
             tokenized.ids_file = self._area.put_batch_ids(unit, place, tokenized.ids)
-            self._unchecked.append((unit, place, tokenized))
-            if self._checking is None or self._checking.done():
-                self._wait_for_check()  # a difference from the reference raises here, before staging
-                self._stage_checked()
+            self._unchecked.append((unit, place, tokenized, own))
+            self._stage_checked()
             yield tokenized
 
     def finish_bundle(self):
         super().finish_bundle()  # waits for the last comparison, raising any difference
-        self._stage_checked()
+        self._stage_checked(wait=True)
 
-    def _stage_checked(self):
-        for unit, place, tokenized in self._unchecked:
+    def _stage_checked(self, wait: bool = False):
+        """Stages the documents of the waiting batches, in order, while their comparisons have
+        passed (a difference raises here: that batch is never staged whole)."""
+        while self._unchecked:
+            unit, place, tokenized, comparison = self._unchecked[0]
+            if comparison is not None:
+                if not (wait or comparison.done()):
+                    return
+                comparison.result()
             self._area.put_batch(unit, place, tokenized)
-        self._unchecked = []
+            self._unchecked.popleft()
 
 
 class ReplayUnitFn(beam.DoFn):
