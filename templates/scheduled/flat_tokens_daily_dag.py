@@ -93,7 +93,7 @@ with DAG(
     start_date=datetime(2024, 6, 1),
     catchup=False,
     max_active_runs=4,
-    default_args={"retries": 0},  # a retry of a failed job would be refused anyway (output exists)
+    default_args={"retries": 2},  # a retry launches the same parameters: it resumes the failed job's output
     tags=["flat-tokens", "dataflow"],
 ) as dag:
     already_built = ShortCircuitOperator(task_id="already_built", python_callable=not_built_yet)

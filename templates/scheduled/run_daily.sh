@@ -15,11 +15,12 @@
 #      tokens_per_second, run_id, tokenizer) on one line
 #   0  already built (OUTPUT exists and `python -m pipeline.verify` accepts it): the last line is
 #      {"output": ..., "already_built": true}; nothing was run
-#   1  the pipeline failed: OUTPUT is left uncommitted (verify rejects it); look at the log, fix,
-#      then delete OUTPUT or rerun pipeline.run with --overwrite by hand. A plain retry of this
-#      script returns 2, never clobbers.
+#   1  the pipeline failed: OUTPUT is left uncommitted (verify rejects it), with the work it
+#      finished kept under it. Rerunning this script with the same options resumes it; after a
+#      fix that changes the input or the options, rerun pipeline.run with --overwrite by hand.
 #   2  a usage or configuration error found before any data was read, including an OUTPUT that
-#      exists but is not a committed dataset (e.g. left by a failed run): do not retry blindly.
+#      exists but is neither a committed dataset nor resumable with these options (e.g. left by a
+#      failed run with other options): do not retry blindly.
 #
 # PYTHON (default: python) is the interpreter that has this package installed.
 set -uo pipefail
