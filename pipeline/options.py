@@ -1,6 +1,7 @@
 """The job's options: a Beam PipelineOptions subclass, so every Beam flag passes straight
 through (--runner, --direct_num_workers, --job_endpoint, --project, ...)."""
 import argparse
+import difflib
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,7 +36,8 @@ class OptionError(ValueError):
 #   default       the value when it is not given
 #   help          a phrase for --help; never the default (that is appended from `default`, or
 #                 from `default_text` where `default` alone would mislead, e.g. None)
-#   choices, repeatable (the flag may be given again, values collect in a list),
+#   choices, repeatable (the flag may be given again, and takes several values at once, as an
+#                 unquoted glob the shell expanded gives them; values collect in a list),
 #   required      checked by check_options, not by argparse: Beam parses the same argv
 #   template      Template(label, kind, ...): how the Dataflow template offers it; or a string
 #                 saying why it is not a template parameter
@@ -245,8 +247,11 @@ def add_option(parser, o: Option) -> None:
     kwargs = {"type": o.type} if o.type is not str else {}
     if o.choices:
         kwargs["choices"] = o.choices
-    parser.add_argument(f"--{o.name}", action="append" if o.repeatable else "store", default=o.default,
-                        help=argparse_help(o), **kwargs)
+    if o.repeatable:
+        # Several values after one flag, not only the flag repeated: `--input data/*.jsonl`
+        # unquoted reaches us as one path per file, and Beam would drop all but the first.
+        kwargs.update(action="extend", nargs="+")
+    parser.add_argument(f"--{o.name}", default=o.default, help=argparse_help(o), **kwargs)
 
 
 class FlatTokensOptions(PipelineOptions):
@@ -311,15 +316,40 @@ def validation_fraction(o: FlatTokensOptions) -> float:
     return 0.0 if o.validation_input else DEFAULT_VALIDATION_FRACTION
 
 
-def unknown_options(argv: list[str]) -> list[str]:
-    """Flags that neither this job nor any installed Beam options class knows.
-
-    Beam itself only logs a warning for these and goes on; a misspelt --ouput must fail."""
+def _every_option_parser() -> _BeamArgumentParser:
+    """A parser of this job's options and every installed Beam options class, as Beam builds it."""
     parser = _BeamArgumentParser(allow_abbrev=False)
     for cls in {str(c): c for c in PipelineOptions.__subclasses__()}.values():
         cls._add_argparse_args(parser)
-    _, unknown = parser.parse_known_args(argv)
-    return [a for a in unknown if a.startswith("-")]
+    return parser
+
+
+def unknown_options(argv: list[str]) -> list[str]:
+    """The arguments that neither this job nor any installed Beam options class takes: unknown
+    flags, and values no flag takes (`--tokenizer bytes extra`).
+
+    Beam itself only logs a warning for these ("Discarding unparseable args") and goes on: a
+    misspelt --ouput, or the second file of an unquoted glob after a flag that takes one value,
+    would be silently ignored."""
+    _, unknown = _every_option_parser().parse_known_args(argv)
+    return unknown
+
+
+def unknown_option_message(argv: list[str], unknown: str) -> str:
+    """What to say about the first argument unknown_options found, with the fix."""
+    if not unknown.startswith("-"):
+        at = argv.index(unknown) if unknown in argv else 0
+        flag = next((j for j in range(at - 1, -1, -1) if argv[j].startswith("-")), None)
+        after = f" (after {' '.join(argv[flag:at])})" if flag is not None else ""
+        return (f"unexpected argument {unknown}{after}: no option takes it. Only --input and --validation_input "
+                f"take several values; quote a glob ('data/*.jsonl') or put the flag before each value; see --help")
+    name = unknown.split("=", 1)[0]
+    known = [s for s in _every_option_parser()._option_string_actions if s.startswith("--")]
+    guess = "--" + name.lstrip("-").replace("-", "_")
+    if guess not in known:
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.8)
+        guess = close[0] if close else None
+    return f"unknown option {name}" + (f"; did you mean {guess}?" if guess else "") + " See --help"
 
 
 def help_text() -> str:

@@ -27,7 +27,8 @@ from fsspec.core import url_to_fs
 from pipeline import VERSION, allocator
 from pipeline.graph import build_pipeline
 from pipeline.plan import plan_job
-from pipeline.options import FlatTokensOptions, OptionError, ViewsMadeOnce, check_options, help_text, unknown_options
+from pipeline.options import (FlatTokensOptions, OptionError, ViewsMadeOnce, check_options, help_text,
+                              unknown_option_message, unknown_options)
 from transforms.shuffle import spill
 from transforms.write import zarr_store
 from transforms.read.inputs import InputError
@@ -169,7 +170,7 @@ def main(argv=None) -> int:
     try:
         unknown = unknown_options(argv)
         if unknown:
-            raise OptionError(f"unknown option {unknown[0]}; see --help")
+            raise OptionError(unknown_option_message(argv, unknown[0]))
         check_options(ft)
         found = zarr_store.refuse_occupied(ft.output, ft.overwrite)  # before any data is read
         plan = plan_job(ft)
