@@ -5,6 +5,7 @@ and the tokenizer loaded and checked here, in the launcher, so that a bad option
 fails before any worker starts (exit 2). The plan is all the graph needs to be wired
 (pipeline/graph.py).
 """
+import logging
 import math
 import uuid
 from dataclasses import dataclass, field, replace
@@ -14,7 +15,7 @@ from pipeline.options import DEFAULT_SHARD_MB, FlatTokensOptions, validation_fra
 from transforms.read import mixture as mix
 from transforms.read.corpus import peek_input
 from transforms.read.inputs import (JSONL, InputFile, ReadRange, check_no_overlap, check_readable, input_index,
-                                    list_input_files, read_ranges)
+                                    list_inputs, read_ranges)
 from transforms.read.jsonl_documents import check_text_key
 from transforms.read.parquet import RowGroup, list_row_groups
 from transforms.tokenize.tokenizer import TokenizerInfo, resolve_tokenizer
@@ -87,25 +88,33 @@ class _Inputs:
 
 
 def _list_inputs(o: FlatTokensOptions, storage_options: dict) -> _Inputs:
+    listings = []
+
+    def listed(patterns, split, option, first_index):
+        listing = list_inputs(list(patterns), split, first_index, option, storage_options)
+        listings.append(listing)
+        return listing.files
+
     if not o.mixture:
-        train = list_input_files(o.input, "auto" if not o.validation_input else "train",
-                                 storage_options=storage_options)
-        valid = list_input_files(o.validation_input or [], "validation", first_index=len(o.input),
-                                 option="--validation_input", storage_options=storage_options)
+        train = listed(o.input, "auto" if not o.validation_input else "train", "--input", 0)
+        valid = listed(o.validation_input or [], "validation", "--validation_input", len(o.input))
         origins = [f"--input {p}" for p in o.input] + [f"--validation_input {p}" for p in o.validation_input or []]
-        return _Inputs(train, valid, origins)
-    mixture = mix.load_mixture(o.mixture, storage_options)
-    inputs = _Inputs([], [], [], [], mixture)
-    for index, source in enumerate(mixture.sources):
-        for patterns, split, files, field_name in (
-                (source.inputs, "train" if source.validation_inputs else "auto", inputs.train, "input"),
-                (source.validation_inputs, "validation", inputs.validation, "validation_input")):
-            option = f"--mixture source {source.name!r} {field_name}"
-            listed = list_input_files(list(patterns), split, first_index=len(inputs.origins), option=option,
-                                      storage_options=storage_options)
-            files += [replace(f, text_key=source.text_key) for f in listed]
-            inputs.origins += [f"{option} {p}" for p in patterns]
-            inputs.source_of_input += [index] * len(patterns)
+        inputs = _Inputs(train, valid, origins)
+    else:
+        mixture = mix.load_mixture(o.mixture, storage_options)
+        inputs = _Inputs([], [], [], [], mixture)
+        for index, source in enumerate(mixture.sources):
+            for patterns, split, files, field_name in (
+                    (source.inputs, "train" if source.validation_inputs else "auto", inputs.train, "input"),
+                    (source.validation_inputs, "validation", inputs.validation, "validation_input")):
+                option = f"--mixture source {source.name!r} {field_name}"
+                files += [replace(f, text_key=source.text_key)
+                          for f in listed(patterns, split, option, len(inputs.origins))]
+                inputs.origins += [f"{option} {p}" for p in patterns]
+                inputs.source_of_input += [index] * len(patterns)
+    for listing in listings:
+        if listing.skipped:  # a warning: shown with --quiet too
+            logging.getLogger("flat_tokens").warning(listing.skipped_message())
     return inputs
 
 
