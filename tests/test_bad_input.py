@@ -140,6 +140,23 @@ def test_the_rejected_limit_is_checked_over_the_whole_input(tmp_path):
     assert len(report) == 1 and json.loads(report[0].read_text())["line"] == 2
 
 
+def test_a_deeply_nested_line_is_a_rejected_line(tmp_path):
+    """Deeper than orjson's 1,024 levels, the fallback `json` raised RecursionError: the
+    launcher's look at the first lines (this file starts with one) printed a traceback."""
+    deep = b'{"text": "deep", "meta": ' + b"[" * 5000 + b"]" * 5000 + b"}"
+    fine = b'{"text": "fine", "meta": ' + b"[" * 1000 + b"]" * 1000 + b"}"
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b"\n".join([deep] + [json.dumps({"text": f"document {i}"}).encode() for i in range(3)]
+                                + [fine]) + b"\n")
+    out = tmp_path / "o.zarr"
+    run_pipeline("--input", path, "--tokenizer", "bytes", "--output", out, "--max_rejected_fraction", "0.5")
+    stats = zarr.open_group(str(out), mode="r").attrs["stats"]
+    assert stats["documents"] == 4 and stats["rejected_by_reason"] == {"too_deeply_nested": 1}
+    [report] = (tmp_path / "o.zarr.rejected").glob("*.jsonl")
+    row = json.loads(report.read_text())
+    assert (row["line"], row["reason"]) == (1, "too_deeply_nested")
+
+
 def usage_error(tmp_path, *args, env=None):
     proc = run_pipeline(*args, check=False, env=env)
     assert proc.returncode == 2, proc.stderr
