@@ -26,19 +26,31 @@ def _change_once(change):
         f.write(change(data))
 
 
+def truncated(data: bytes) -> bytes:
+    """The file cut at half its lines."""
+    return b"".join(data.splitlines(keepends=True)[: data.count(b"\n") // 2])
+
+
+def appended(data: bytes) -> bytes:
+    """Documents added at the end."""
+    return data + b'{"text": "a late document"}\n' * 10
+
+
+def rewritten(data: bytes) -> bytes:
+    """Other bytes of the same size (every lower-case e becomes an E)."""
+    return data.replace(b"e", b"E")
+
+
 def truncating(json_text):
-    """Cuts the file at half its lines."""
-    _change_once(lambda data: b"".join(data.splitlines(keepends=True)[: data.count(b"\n") // 2]))
+    _change_once(truncated)
     return make_encoder(HF, json_text)
 
 
 def appending(json_text):
-    """Adds documents at the end."""
-    _change_once(lambda data: data + b'{"text": "a late document"}\n' * 10)
+    _change_once(appended)
     return make_encoder(HF, json_text)
 
 
 def rewriting(json_text):
-    """Rewrites the file with other bytes of the same size (every lower-case e becomes an E)."""
-    _change_once(lambda data: data.replace(b"e", b"E"))
+    _change_once(rewritten)
     return make_encoder(HF, json_text)

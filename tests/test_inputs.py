@@ -187,7 +187,8 @@ def test_bz2_and_xz_inputs_hold_the_same_documents_as_plain(tmp_path):
     for kind in ("plain", "bz2", "xz"):
         run_pipeline("--input", tmp_path / kind, *BYTES, "--output", tmp_path / f"{kind}.zarr")
     for kind in ("bz2", "xz"):
-        assert stats(tmp_path / f"{kind}.zarr")["documents"] == 300 and stats(tmp_path / f"{kind}.zarr")["rejected"] == 0
+        got = stats(tmp_path / f"{kind}.zarr")
+        assert (got["documents"], got["rejected"]) == (300, 0)
         assert sequences(tmp_path / f"{kind}.zarr") == sequences(tmp_path / "plain.zarr")
 
 
