@@ -14,6 +14,7 @@ DEFAULT_TOKENS_CHUNK = 1 << 18  # measured: docs/design.md, 'Chunks and codecs'
 DEFAULT_SEQ_STARTS_CHUNK = 1 << 16
 DEFAULT_SHARD_MB = 64
 DEDUP_CHOICES = ("none", "exact")
+MAX_SEED = 1 << 64
 REQUIRED_UNLESS_MIXTURE = "required, unless --mixture is given"
 
 
@@ -51,7 +52,7 @@ class Template:
     """The option as a Dataflow Flex Template parameter.
 
     kind: what a value may be; it sets the parameter type and the validation regex
-        (pipeline/template_metadata.py, KINDS): text, int, count (>= 0), positive_int,
+        (pipeline/template_metadata.py, KINDS): text, count (>= 0), uint64 (a seed), positive_int,
         fraction ([0, 1]), fraction_below_1 ([0, 1)), flag (true|false), choice, gcs_file (one gs://
         file, no glob), gcs_read (a gs:// file, folder or glob), gcs_write (a gs:// path to create),
         tokenizer.
@@ -131,14 +132,18 @@ OPTIONS: tuple[Option, ...] = (
                              choices=(("auto", "auto", "fastest backend that passes the guard"),
                                       ("hf", "HF tokenizers", "the reference implementation"),
                                       ("fastokens", "fastokens", "fast; fails the launch if it disagrees with HF")))),
+    Option(name="split_special_tokens", group="tokenization", type=bool,
+           help="encode special-token text found in documents (such as <|endoftext|>) as ordinary text, not "
+                "as the special token's id",
+           template=Template("Encode special-token text as text", "flag")),
     Option(name="tokenizer_check_fraction", group="tokenization", type=float, default=0.001,
            help="share of documents re-encoded with HF tokenizers during the run to check a fast backend; "
                 "any difference fails the job",
            template=Template("Tokenizer check fraction", "fraction", example="1e-3")),
     # split and shuffle
     Option(name="seed", group="split and shuffle", type=int, default=0,
-           help="seed of the global shuffle and the split",
-           template=Template("Shuffle seed", "int", example="42")),
+           help="seed of the global shuffle and the split: 0 <= seed < 2**64",
+           template=Template("Shuffle seed", "uint64", example="42")),
     Option(name="validation_input", group="split and shuffle", repeatable=True,
            help="JSONL or Parquet file/glob that forms the validation split; when given, all of --input is "
                 "train (so --validation_fraction is refused)",
@@ -297,6 +302,9 @@ def check_options(o: FlatTokensOptions) -> None:
         # With --validation_input all of --input is train: a fraction would be silently ignored.
         raise OptionError(f"--validation_fraction {o.validation_fraction} cannot be combined with "
                           f"--validation_input (then all of --input is train); give only one of them")
+    if not 0 <= o.seed < MAX_SEED:
+        # The seeds a trainer's reader (pipeline.reader: numpy's SeedSequence) takes too.
+        raise OptionError(f"--seed {o.seed}: must be in [0, 2**64)")
     if not 0 <= o.tokenizer_check_fraction <= 1:
         raise OptionError(f"--tokenizer_check_fraction {o.tokenizer_check_fraction}: must be in [0, 1]")
     if not 0 <= o.max_rejected_fraction <= 1:

@@ -14,8 +14,8 @@ from pipeline import __version__
 from pipeline.options import DEFAULT_SHARD_MB, FlatTokensOptions, validation_fraction
 from transforms.read import mixture as mix
 from transforms.read.corpus import peek_input
-from transforms.read.inputs import (JSONL, InputFile, ReadRange, check_no_overlap, check_readable, input_index,
-                                    list_inputs, read_ranges)
+from transforms.read.inputs import (JSONL, InputFile, ReadRange, absolute, check_no_overlap, check_readable,
+                                    input_index, list_inputs, read_ranges)
 from transforms.read.jsonl_documents import check_text_key
 from transforms.read.parquet import RowGroup, list_row_groups
 from transforms.tokenize.tokenizer import TokenizerInfo, resolve_tokenizer
@@ -150,7 +150,7 @@ def plan_job(o: FlatTokensOptions, storage_options: dict | None = None, run_id: 
     peek = peek_input(train_files + valid_files, GUARD_DOCUMENTS, o.text_key, storage_options)
     check_text_key(peek, o.text_key)  # for every tokenizer: a wrong key would reject every line
     tokenizer = resolve_tokenizer(o.tokenizer, storage_options, o.tokenizer_backend, peek.texts,
-                                  o.tokenizer_check_fraction)
+                                  o.tokenizer_check_fraction, o.split_special_tokens)
     target = StoreTarget(
         url=o.output, zarr_format=o.zarr_format, tokens_chunk=o.tokens_chunk_size,
         seq_starts_chunk=o.seq_starts_chunk_size, chunks_per_shard=o.chunks_per_shard or None,
@@ -159,8 +159,9 @@ def plan_job(o: FlatTokensOptions, storage_options: dict | None = None, run_id: 
         "tokenizer": tokenizer.provenance(),
         "seed": o.seed,
         "validation_fraction": fraction,
-        "inputs": list(o.input) if o.input else [p for s in inputs.mixture.sources for p in s.inputs],
-        "validation_inputs": list(o.validation_input or []) if o.input else
+        # Absolute, as every path recorded: they mean the same from any working directory.
+        "inputs": [absolute(p) for p in o.input] if o.input else [p for s in inputs.mixture.sources for p in s.inputs],
+        "validation_inputs": [absolute(p) for p in o.validation_input or []] if o.input else
         [p for s in inputs.mixture.sources for p in s.validation_inputs],
         "text_key": o.text_key,
         "input_files": len(train_files) + len(valid_files),
@@ -180,4 +181,4 @@ def plan_job(o: FlatTokensOptions, storage_options: dict | None = None, run_id: 
 
 
 def rejected_output(o: FlatTokensOptions) -> str:
-    return o.rejected_output or o.output.rstrip("/") + ".rejected"
+    return absolute(o.rejected_output or o.output.rstrip("/") + ".rejected")

@@ -191,6 +191,36 @@ def test_bad_configuration_fails_fast_naming_the_culprit(tmp_path):
     assert not (tmp_path / "o.zarr").exists()
 
 
+def test_a_rejected_output_that_cannot_take_the_report_is_refused_at_launch(tmp_path):
+    """It was found after the whole run, when the report was written: exit 1."""
+    from tests.test_inputs import run_where_permissions_apply
+    corpus = tmp_path / "in.jsonl"
+    corpus.write_bytes(good(0) + b"\n{broken\n")
+    common = ["--input", corpus, "--tokenizer", "bytes", "--max_rejected_fraction", "1"]
+    (tmp_path / "a-file").write_text("mine")
+    msg = usage_error(tmp_path, *common, "--output", tmp_path / "o.zarr", "--rejected_output", tmp_path / "a-file")
+    assert "--rejected_output" in msg and "a-file: is a file, not a directory" in msg, msg
+    assert (tmp_path / "a-file").read_text() == "mine" and not (tmp_path / "o.zarr").exists()
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    os.chmod(locked, 0o555)
+    try:
+        proc = run_where_permissions_apply(*common, "--output", tmp_path / "p.zarr", "--rejected_output", locked)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        assert f"--rejected_output {locked}: cannot write there" in proc.stderr, proc.stderr
+    finally:
+        os.chmod(locked, 0o755)
+    assert list(locked.iterdir()) == []
+
+
+def test_a_temp_location_that_is_not_a_directory_is_one_line(tmp_path):
+    """It was a traceback from tempfile.mkdtemp."""
+    corpus = write_jsonl(tmp_path / "in.jsonl", ["hello"])
+    msg = usage_error(tmp_path, "--input", corpus, "--tokenizer", "bytes", "--output", tmp_path / "o.zarr",
+                      "--temp_location", tmp_path / "no-such-dir")
+    assert f"--temp_location {tmp_path / 'no-such-dir'}: not a writable directory" in msg, msg
+
+
 def keyed_records(n, start=0):
     """Records whose text is under `content`, beside a short string `id` and a nested `meta`."""
     return [{"id": f"doc-{i}", "content": f"the text of document {i}, longer than its id",

@@ -1,8 +1,11 @@
 """What a user sees: the console script, progress lines, the summary and its JSON twin."""
 import json
 import re
+import resource
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import zarr
@@ -215,3 +218,52 @@ def test_a_misspelt_option_is_refused_with_a_suggestion(tmp_path):
     assert "did you mean" not in refused(run_pipeline(*common, "--frobnicate", check=False))
 
 
+
+
+def test_verify_and_inspect_name_themselves_as_the_console_script_does():
+    for command in ("verify", "inspect"):
+        usage = cli(command, "--help").stdout
+        assert usage.startswith(f"usage: flat-tokens {command} "), usage
+
+
+def test_a_seed_the_reader_would_refuse_is_refused(tmp_path):
+    common = ["--input", SAMPLE_FILES[0], *BYTES, "--output", tmp_path / "o.zarr"]
+    for seed in ("-1", str(1 << 64)):
+        assert f"--seed {seed}: must be in [0, 2**64)" in refused(run_pipeline(*common, "--seed", seed, check=False))
+    run_pipeline(*common, "--seed", str((1 << 64) - 1))
+    from pipeline.reader import open_dataset
+    train = open_dataset(str(tmp_path / "o.zarr"))["train"]
+    next(iter(train.packed_batches(16, 2, seed=zarr.open_group(str(tmp_path / "o.zarr"), mode="r").attrs["seed"])))
+
+
+def test_provenance_is_absolute_so_inspect_decodes_from_another_directory(tmp_path):
+    """Relative paths were recorded as given: `inspect` run elsewhere could not load the
+    recorded tokenizer, and showed token ids."""
+    work = tmp_path / "work"
+    write_jsonl(work / "data" / "in.jsonl", ["a recognisable sentence about lighthouses"] * 3)
+    shutil.copy(SAMPLE / "tokenizer.json", work / "tok.json")
+    console = Path(sys.executable).parent / "flat-tokens"
+    subprocess.run([str(console), "run", "--input", "data/in.jsonl", "--tokenizer", "tok.json", "--output", "o.zarr",
+                    "--quiet"], cwd=work, check=True, capture_output=True, timeout=300)
+    attrs = zarr.open_group(str(work / "o.zarr"), mode="r").attrs
+    assert attrs["inputs"] == [str(work / "data" / "in.jsonl")]
+    assert attrs["tokenizer"]["spec"] == str(work / "tok.json")
+    assert attrs["rejected_output"] == str(work / "o.zarr.rejected")
+    shown = subprocess.run([str(console), "inspect", str(work / "o.zarr"), "--sequences", "1"], cwd=REPO,
+                           capture_output=True, text=True, timeout=300)
+    assert shown.returncode == 0 and "lighthouses" in shown.stdout, shown.stdout + shown.stderr
+
+
+def test_an_address_space_limit_too_small_to_run_is_one_line(tmp_path):
+    """Under `ulimit -v` 500 MB the tokenizer's Rust code aborted the process with a backtrace
+    (or an import raised MemoryError)."""
+    def limited():
+        resource.setrlimit(resource.RLIMIT_AS, (500 << 20, 500 << 20))
+    for command in ([sys.executable, "-m", "pipeline.run"], [str(Path(sys.executable).parent / "flat-tokens"), "run"]):
+        proc = subprocess.run([*command, "--input", SAMPLE_FILES[0], "--tokenizer", str(SAMPLE / "tokenizer.json"),
+                               "--output", str(tmp_path / "o.zarr")], cwd=REPO, capture_output=True, text=True,
+                              preexec_fn=limited, timeout=300)
+        assert proc.returncode == 2, proc.stderr[-2000:]
+        assert proc.stderr.startswith("flat-tokens: error: the address-space limit (ulimit -v) is 500 MB, below the "
+                                      "1,024 MB a run needs"), proc.stderr[-2000:]
+        assert len(proc.stderr.splitlines()) == 1

@@ -75,6 +75,14 @@ class ReadRange:
     stop: int | None
 
 
+def absolute(url: str) -> str:
+    """A local path made absolute (`~` and `..` resolved, links kept); a URL as it is. What
+    provenance records, so that it means the same from any working directory."""
+    if "://" in url:
+        return url
+    return os.path.abspath(os.path.expanduser(url))
+
+
 def glob_root(pattern: str) -> str:
     """The directory part of a pattern before its first glob character ("a/b/*/c" -> "a/b")."""
     cut = min((pattern.find(c) for c in GLOB_CHARS if c in pattern), default=-1)
