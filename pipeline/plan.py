@@ -51,6 +51,7 @@ class JobPlan:
     dedup_shards: int | None = None  # --dedup exact: shards of the dedup shuffle; None: no dedup
     mixture: mix.Mixture | None = None
     source_of_input: list[int] | None = None  # with a mixture: the source of each input index
+    skipped_files: list[str] = field(default_factory=list)  # in directory inputs, not data: not read
 
     def read_ranges(self) -> list[ReadRange]:
         """The byte ranges of the JSONL files, each read by one worker."""
@@ -85,6 +86,7 @@ class _Inputs:
     origins: list[str]
     source_of_input: list[int] | None = None
     mixture: mix.Mixture | None = None
+    skipped: list[str] = field(default_factory=list)  # files in directory inputs that are not data
 
 
 def _list_inputs(o: FlatTokensOptions, storage_options: dict) -> _Inputs:
@@ -115,6 +117,7 @@ def _list_inputs(o: FlatTokensOptions, storage_options: dict) -> _Inputs:
     for listing in listings:
         if listing.skipped:  # a warning: shown with --quiet too
             logging.getLogger("flat_tokens").warning(listing.skipped_message())
+        inputs.skipped += [path for _, paths in listing.skipped for path in paths]
     return inputs
 
 
@@ -177,7 +180,7 @@ def plan_job(o: FlatTokensOptions, storage_options: dict | None = None, run_id: 
         max_rejected_fraction=o.max_rejected_fraction, rejected_url=rejected_output(o),
         input_bytes=all_bytes, provenance=provenance, row_groups=row_groups,
         dedup_shards=(o.num_shards or auto_shards(all_bytes)) if o.dedup == "exact" else None,
-        mixture=inputs.mixture, source_of_input=inputs.source_of_input)
+        mixture=inputs.mixture, source_of_input=inputs.source_of_input, skipped_files=inputs.skipped)
 
 
 def rejected_output(o: FlatTokensOptions) -> str:

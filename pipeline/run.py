@@ -187,7 +187,10 @@ def main(argv=None) -> int:
         found = zarr_store.refuse_occupied(ft.output, ft.overwrite)  # before any data is read
         plan = plan_job(ft)
         plan.expected_owner = found.owner  # CreateOutput replaces only this, or stops
-        inputs = [f.url for f in plan.files] + _tokenizer_file(ft.tokenizer) + ([ft.mixture] if ft.mixture else [])
+        # Files a directory input holds but does not read count too: an output among them
+        # would be in the input directory, and its files read by a later run.
+        inputs = ([f.url for f in plan.files] + plan.skipped_files + _tokenizer_file(ft.tokenizer)
+                  + ([ft.mixture] if ft.mixture else []))
         refuse_overlaps(ft.output, inputs, plan.rejected_url)
         zarr_store.check_writable(plan.target)
         rejected.check_writable(plan.rejected_url, plan.target.run_id, plan.target.storage_options)
