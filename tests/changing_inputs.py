@@ -37,8 +37,8 @@ def appended(data: bytes) -> bytes:
 
 
 def rewritten(data: bytes) -> bytes:
-    """Other bytes of the same size (every lower-case e becomes an E)."""
-    return data.replace(b"e", b"E")
+    """Other documents of the same size ("document" becomes "DOCUMENT")."""
+    return data.replace(b"document", b"DOCUMENT")
 
 
 def truncating(json_text):

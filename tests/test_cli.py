@@ -1,5 +1,6 @@
 """What a user sees: the console script, progress lines, the summary and its JSON twin."""
 import json
+import os
 import re
 import resource
 import shutil
@@ -242,15 +243,15 @@ def test_provenance_is_absolute_so_inspect_decodes_from_another_directory(tmp_pa
     work = tmp_path / "work"
     write_jsonl(work / "data" / "in.jsonl", ["a recognisable sentence about lighthouses"] * 3)
     shutil.copy(SAMPLE / "tokenizer.json", work / "tok.json")
-    console = Path(sys.executable).parent / "flat-tokens"
-    subprocess.run([str(console), "run", "--input", "data/in.jsonl", "--tokenizer", "tok.json", "--output", "o.zarr",
-                    "--quiet"], cwd=work, check=True, capture_output=True, timeout=300)
+    subprocess.run([sys.executable, "-m", "pipeline.cli", "run", "--input", "data/in.jsonl", "--tokenizer", "tok.json",
+                    "--output", "o.zarr", "--quiet"], cwd=work, env={**os.environ, "PYTHONPATH": str(REPO)}, check=True,
+                   capture_output=True, timeout=300)
     attrs = zarr.open_group(str(work / "o.zarr"), mode="r").attrs
     assert attrs["inputs"] == [str(work / "data" / "in.jsonl")]
     assert attrs["tokenizer"]["spec"] == str(work / "tok.json")
     assert attrs["rejected_output"] == str(work / "o.zarr.rejected")
-    shown = subprocess.run([str(console), "inspect", str(work / "o.zarr"), "--sequences", "1"], cwd=REPO,
-                           capture_output=True, text=True, timeout=300)
+    shown = subprocess.run([sys.executable, "-m", "pipeline.cli", "inspect", str(work / "o.zarr"), "--sequences", "1"],
+                           cwd=REPO, capture_output=True, text=True, timeout=300)
     assert shown.returncode == 0 and "lighthouses" in shown.stdout, shown.stdout + shown.stderr
 
 

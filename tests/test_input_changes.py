@@ -15,7 +15,7 @@ from pipeline import verify
 from tests import changing_inputs
 from tests.gcs_emulator import BUCKET, gcs  # noqa: F401 - pytest fixture
 from tests.helpers import SAMPLE, run_pipeline, write_jsonl
-from transforms.read.inputs import InputChanged, list_input_files, open_input
+from transforms.read import inputs
 
 TOKENIZER = SAMPLE / "tokenizer.json"
 
@@ -88,7 +88,7 @@ def big_jsonl(path, documents=400_000):
 
 def read_all(f, *, change, storage_options=None):
     """Reads `f` through open_input, calling change() after the first read."""
-    with open_input(f, storage_options) as fh:
+    with inputs.open_input(f, storage_options) as fh:
         got = fh.read(1000)
         change()
         while True:
@@ -100,19 +100,19 @@ def read_all(f, *, change, storage_options=None):
 
 def test_a_local_file_truncated_or_grown_while_it_is_read_fails_the_read(tmp_path):
     path = big_jsonl(tmp_path / "big.jsonl")
-    [f] = list_input_files([str(path)], "auto")
-    with pytest.raises(InputChanged, match=r"changed while the job ran: it was listed with [\d,]+ bytes, and now "
+    [f] = inputs.list_input_files([str(path)], "auto")
+    with pytest.raises(inputs.InputChanged, match=r"changed while the job ran: it was listed with [\d,]+ bytes, and now "
                                            r"ends at byte 1,000,000"):
         read_all(f, change=lambda: os.truncate(path, 1_000_000))
     big_jsonl(path)
-    [f] = list_input_files([str(path)], "auto")
+    [f] = inputs.list_input_files([str(path)], "auto")
 
     def grow():
         with open(path, "ab") as out:
             out.write(b'{"text": "late"}\n')
-    with pytest.raises(InputChanged, match="now holds more"):
+    with pytest.raises(inputs.InputChanged, match="now holds more"):
         read_all(f, change=grow)
-    [f] = list_input_files([str(path)], "auto")
+    [f] = inputs.list_input_files([str(path)], "auto")
     assert read_all(f, change=lambda: None) == path.read_bytes()  # unchanged: read whole, no error
 
 
@@ -122,12 +122,12 @@ def test_a_gs_object_rewritten_while_it_is_read_fails_the_read(gcs, tmp_path):  
     path = big_jsonl(tmp_path / "big.jsonl")
     gcs.fs.put(str(path), f"{BUCKET}/rewritten/big.jsonl")
     storage = {"endpoint_url": gcs.url, "token": "anon"}
-    [f] = list_input_files([f"gs://{BUCKET}/rewritten/big.jsonl"], "auto", storage_options=storage)
+    [f] = inputs.list_input_files([f"gs://{BUCKET}/rewritten/big.jsonl"], "auto", storage_options=storage)
     assert f.version.startswith("generation ")
 
     def rewrite():
         with gcs.fs.open(f"{BUCKET}/rewritten/big.jsonl", "wb") as out:
             out.write(path.read_bytes().replace(b"document", b"DOCUMENT"))
-    with pytest.raises(InputChanged, match="the version listed is gone"):
+    with pytest.raises(inputs.InputChanged, match="the version listed is gone"):
         data = read_all(f, change=rewrite, storage_options=storage)
         assert b"DOCUMENT" not in data  # (what the read would have mixed in, were it not pinned)
