@@ -30,7 +30,7 @@ setup(
         "gcsfs>=2025.3",
         # orjson parses JSON lines ~5x faster than json; json stays the reference semantics.
         "orjson>=3.9",
-        # .zst inputs are decompressed through zstandard (transforms/read/inputs.py: CheckedZstdReader).
+        # .zst inputs are decompressed through zstandard (transforms/read/inputs.py: CheckedStreamReader).
         "zstandard>=0.22",
         # --mixture files are YAML (Beam depends on PyYAML already; we import it ourselves).
         "pyyaml>=5.4",

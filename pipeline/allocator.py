@@ -14,6 +14,11 @@ the peak resident size can rise a little (1.51 -> 1.62 GB when measured).
 import ctypes
 import os
 
+try:
+    import resource
+except ImportError:  # not on Windows
+    resource = None
+
 # glibc's mallopt parameters (malloc.h)
 M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
@@ -40,3 +45,24 @@ def keep_freed_memory_for_reuse() -> bool:
         return False
     os.environ.update(ENVIRONMENT)
     return True
+
+
+# The address space a run needs at the least: measured, the bundled sample on 2 cores ran with
+# `ulimit -v` 1.1 GB and failed below (Python: "can't start new thread"; under ~0.6 GB the
+# tokenizer's Rust code aborts the process, "memory allocation of N bytes failed").
+MIN_ADDRESS_SPACE = 1 << 30
+
+
+def address_space_shortfall() -> str | None:
+    """Why this process's address-space limit (`ulimit -v`) is too small to run, or None.
+
+    Native code (tokenizers, fastokens) aborts the whole process when an allocation fails,
+    with a Rust backtrace: a limit known to be too small is said in one line first."""
+    if resource is None:
+        return None
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft == resource.RLIM_INFINITY or soft >= MIN_ADDRESS_SPACE:
+        return None
+    return (f"the address-space limit (ulimit -v) is {soft >> 20:,} MB, below the {MIN_ADDRESS_SPACE >> 20:,} MB "
+            f"a run needs at the least (more with more cores: every thread reserves address space); raise it, "
+            f"e.g. ulimit -v unlimited")

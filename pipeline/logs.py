@@ -26,6 +26,9 @@ def configure(level: str = "info") -> None:
         handler._flat_tokens = True
         root.handlers = [handler]
     root.setLevel(logging.DEBUG if level == "verbose" else logging.WARNING)
+    # fsspec's read-ahead logs each failed fetch with its traceback, and the error reaches
+    # the reader too, which reports it once (a GCS input rewritten during the run).
+    logging.getLogger("fsspec.prefetcher").setLevel(logging.NOTSET if level == "verbose" else logging.CRITICAL)
     logging.getLogger(LOGGER).setLevel({"quiet": logging.WARNING, "info": logging.INFO}.get(level, logging.DEBUG))
 
 

@@ -1,6 +1,7 @@
 """The job's options: a Beam PipelineOptions subclass, so every Beam flag passes straight
 through (--runner, --direct_num_workers, --job_endpoint, --project, ...)."""
 import argparse
+import difflib
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,6 +14,7 @@ DEFAULT_TOKENS_CHUNK = 1 << 18  # measured: docs/design.md, 'Chunks and codecs'
 DEFAULT_SEQ_STARTS_CHUNK = 1 << 16
 DEFAULT_SHARD_MB = 64
 DEDUP_CHOICES = ("none", "exact")
+MAX_SEED = 1 << 64
 REQUIRED_UNLESS_MIXTURE = "required, unless --mixture is given"
 
 
@@ -35,7 +37,8 @@ class OptionError(ValueError):
 #   default       the value when it is not given
 #   help          a phrase for --help; never the default (that is appended from `default`, or
 #                 from `default_text` where `default` alone would mislead, e.g. None)
-#   choices, repeatable (the flag may be given again, values collect in a list),
+#   choices, repeatable (the flag may be given again, and takes several values at once, as an
+#                 unquoted glob the shell expanded gives them; values collect in a list),
 #   required      checked by check_options, not by argparse: Beam parses the same argv
 #   template      Template(label, kind, ...): how the Dataflow template offers it; or a string
 #                 saying why it is not a template parameter
@@ -49,7 +52,7 @@ class Template:
     """The option as a Dataflow Flex Template parameter.
 
     kind: what a value may be; it sets the parameter type and the validation regex
-        (pipeline/template_metadata.py, KINDS): text, int, count (>= 0), positive_int,
+        (pipeline/template_metadata.py, KINDS): text, count (>= 0), uint64 (a seed), positive_int,
         fraction ([0, 1]), fraction_below_1 ([0, 1)), flag (true|false), choice, gcs_file (one gs://
         file, no glob), gcs_read (a gs:// file, folder or glob), gcs_write (a gs:// path to create),
         tokenizer.
@@ -129,14 +132,18 @@ OPTIONS: tuple[Option, ...] = (
                              choices=(("auto", "auto", "fastest backend that passes the guard"),
                                       ("hf", "HF tokenizers", "the reference implementation"),
                                       ("fastokens", "fastokens", "fast; fails the launch if it disagrees with HF")))),
+    Option(name="split_special_tokens", group="tokenization", type=bool,
+           help="encode special-token text found in documents (such as <|endoftext|>) as ordinary text, not "
+                "as the special token's id",
+           template=Template("Encode special-token text as text", "flag")),
     Option(name="tokenizer_check_fraction", group="tokenization", type=float, default=0.001,
            help="share of documents re-encoded with HF tokenizers during the run to check a fast backend; "
                 "any difference fails the job",
            template=Template("Tokenizer check fraction", "fraction", example="1e-3")),
     # split and shuffle
     Option(name="seed", group="split and shuffle", type=int, default=0,
-           help="seed of the global shuffle and the split",
-           template=Template("Shuffle seed", "int", example="42")),
+           help="seed of the global shuffle and the split: 0 <= seed < 2**64",
+           template=Template("Shuffle seed", "uint64", example="42")),
     Option(name="validation_input", group="split and shuffle", repeatable=True,
            help="JSONL or Parquet file/glob that forms the validation split; when given, all of --input is "
                 "train (so --validation_fraction is refused)",
@@ -267,8 +274,11 @@ def add_option(parser, o: Option) -> None:
     kwargs = {"type": o.type} if o.type is not str else {}
     if o.choices:
         kwargs["choices"] = o.choices
-    parser.add_argument(f"--{o.name}", action="append" if o.repeatable else "store", default=o.default,
-                        help=argparse_help(o), **kwargs)
+    if o.repeatable:
+        # Several values after one flag, not only the flag repeated: `--input data/*.jsonl`
+        # unquoted reaches us as one path per file, and Beam would drop all but the first.
+        kwargs.update(action="extend", nargs="+")
+    parser.add_argument(f"--{o.name}", default=o.default, help=argparse_help(o), **kwargs)
 
 
 class FlatTokensOptions(PipelineOptions):
@@ -314,6 +324,9 @@ def check_options(o: FlatTokensOptions) -> None:
         # With --validation_input all of --input is train: a fraction would be silently ignored.
         raise OptionError(f"--validation_fraction {o.validation_fraction} cannot be combined with "
                           f"--validation_input (then all of --input is train); give only one of them")
+    if not 0 <= o.seed < MAX_SEED:
+        # The seeds a trainer's reader (pipeline.reader: numpy's SeedSequence) takes too.
+        raise OptionError(f"--seed {o.seed}: must be in [0, 2**64)")
     if not 0 <= o.tokenizer_check_fraction <= 1:
         raise OptionError(f"--tokenizer_check_fraction {o.tokenizer_check_fraction}: must be in [0, 1]")
     if not 0 <= o.max_rejected_fraction <= 1:
@@ -333,15 +346,40 @@ def validation_fraction(o: FlatTokensOptions) -> float:
     return 0.0 if o.validation_input else DEFAULT_VALIDATION_FRACTION
 
 
-def unknown_options(argv: list[str]) -> list[str]:
-    """Flags that neither this job nor any installed Beam options class knows.
-
-    Beam itself only logs a warning for these and goes on; a misspelt --ouput must fail."""
+def _every_option_parser() -> _BeamArgumentParser:
+    """A parser of this job's options and every installed Beam options class, as Beam builds it."""
     parser = _BeamArgumentParser(allow_abbrev=False)
     for cls in {str(c): c for c in PipelineOptions.__subclasses__()}.values():
         cls._add_argparse_args(parser)
-    _, unknown = parser.parse_known_args(argv)
-    return [a for a in unknown if a.startswith("-")]
+    return parser
+
+
+def unknown_options(argv: list[str]) -> list[str]:
+    """The arguments that neither this job nor any installed Beam options class takes: unknown
+    flags, and values no flag takes (`--tokenizer bytes extra`).
+
+    Beam itself only logs a warning for these ("Discarding unparseable args") and goes on: a
+    misspelt --ouput, or the second file of an unquoted glob after a flag that takes one value,
+    would be silently ignored."""
+    _, unknown = _every_option_parser().parse_known_args(argv)
+    return unknown
+
+
+def unknown_option_message(argv: list[str], unknown: str) -> str:
+    """What to say about the first argument unknown_options found, with the fix."""
+    if not unknown.startswith("-"):
+        at = argv.index(unknown) if unknown in argv else 0
+        flag = next((j for j in range(at - 1, -1, -1) if argv[j].startswith("-")), None)
+        after = f" (after {' '.join(argv[flag:at])})" if flag is not None else ""
+        return (f"unexpected argument {unknown}{after}: no option takes it. Only --input and --validation_input "
+                f"take several values; quote a glob ('data/*.jsonl') or put the flag before each value; see --help")
+    name = unknown.split("=", 1)[0]
+    known = [s for s in _every_option_parser()._option_string_actions if s.startswith("--")]
+    guess = "--" + name.lstrip("-").replace("-", "_")
+    if guess not in known:
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.8)
+        guess = close[0] if close else None
+    return f"unknown option {name}" + (f"; did you mean {guess}?" if guess else "") + " See --help"
 
 
 def help_text() -> str:

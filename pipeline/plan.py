@@ -5,6 +5,7 @@ and the tokenizer loaded and checked here, in the launcher, so that a bad option
 fails before any worker starts (exit 2). The plan is all the graph needs to be wired
 (pipeline/graph.py).
 """
+import logging
 import math
 import uuid
 from dataclasses import dataclass, field, replace
@@ -13,8 +14,8 @@ from pipeline import __version__
 from pipeline.options import DEFAULT_SHARD_MB, FlatTokensOptions, OptionError, validation_fraction
 from transforms.read import mixture as mix
 from transforms.read.corpus import peek_input
-from transforms.read.inputs import (JSONL, InputFile, ReadRange, check_no_overlap, check_readable, input_index,
-                                    list_input_files, read_ranges)
+from transforms.read.inputs import (JSONL, InputFile, ReadRange, absolute, check_no_overlap, check_readable,
+                                    input_index, list_inputs, read_ranges)
 from transforms.read.jsonl_documents import check_text_key
 from transforms.read.parquet import RowGroup, list_row_groups
 from transforms.shuffle.sources import MAX_SOURCES
@@ -53,6 +54,7 @@ class JobPlan:
     mixture: mix.Mixture | None = None
     source_of_input: list[int] | None = None  # with a mixture: the source of each input index
     record_sources: list[int] | None = None  # --record_sources: the recorded source of each input index
+    skipped_files: list[str] = field(default_factory=list)  # in directory inputs, not data: not read
     resume: "Resume | None" = None  # noqa: F821 - what the staging area lets this run reuse (pipeline/resume.py)
 
     def read_ranges(self) -> list[ReadRange]:
@@ -88,28 +90,38 @@ class _Inputs:
     origins: list[str]
     source_of_input: list[int] | None = None
     mixture: mix.Mixture | None = None
+    skipped: list[str] = field(default_factory=list)  # files in directory inputs that are not data
 
 
 def _list_inputs(o: FlatTokensOptions, storage_options: dict) -> _Inputs:
+    listings = []
+
+    def listed(patterns, split, option, first_index):
+        listing = list_inputs(list(patterns), split, first_index, option, storage_options)
+        listings.append(listing)
+        return listing.files
+
     if not o.mixture:
-        train = list_input_files(o.input, "auto" if not o.validation_input else "train",
-                                 storage_options=storage_options)
-        valid = list_input_files(o.validation_input or [], "validation", first_index=len(o.input),
-                                 option="--validation_input", storage_options=storage_options)
+        train = listed(o.input, "auto" if not o.validation_input else "train", "--input", 0)
+        valid = listed(o.validation_input or [], "validation", "--validation_input", len(o.input))
         origins = [f"--input {p}" for p in o.input] + [f"--validation_input {p}" for p in o.validation_input or []]
-        return _Inputs(train, valid, origins)
-    mixture = mix.load_mixture(o.mixture, storage_options)
-    inputs = _Inputs([], [], [], [], mixture)
-    for index, source in enumerate(mixture.sources):
-        for patterns, split, files, field_name in (
-                (source.inputs, "train" if source.validation_inputs else "auto", inputs.train, "input"),
-                (source.validation_inputs, "validation", inputs.validation, "validation_input")):
-            option = f"--mixture source {source.name!r} {field_name}"
-            listed = list_input_files(list(patterns), split, first_index=len(inputs.origins), option=option,
-                                      storage_options=storage_options)
-            files += [replace(f, text_key=source.text_key) for f in listed]
-            inputs.origins += [f"{option} {p}" for p in patterns]
-            inputs.source_of_input += [index] * len(patterns)
+        inputs = _Inputs(train, valid, origins)
+    else:
+        mixture = mix.load_mixture(o.mixture, storage_options)
+        inputs = _Inputs([], [], [], [], mixture)
+        for index, source in enumerate(mixture.sources):
+            for patterns, split, files, field_name in (
+                    (source.inputs, "train" if source.validation_inputs else "auto", inputs.train, "input"),
+                    (source.validation_inputs, "validation", inputs.validation, "validation_input")):
+                option = f"--mixture source {source.name!r} {field_name}"
+                files += [replace(f, text_key=source.text_key)
+                          for f in listed(patterns, split, option, len(inputs.origins))]
+                inputs.origins += [f"{option} {p}" for p in patterns]
+                inputs.source_of_input += [index] * len(patterns)
+    for listing in listings:
+        if listing.skipped:  # a warning: shown with --quiet too
+            logging.getLogger("flat_tokens").warning(listing.skipped_message())
+        inputs.skipped += [path for _, paths in listing.skipped for path in paths]
     return inputs
 
 
@@ -145,7 +157,7 @@ def plan_job(o: FlatTokensOptions, storage_options: dict | None = None, run_id: 
     peek = peek_input(train_files + valid_files, GUARD_DOCUMENTS, o.text_key, storage_options)
     check_text_key(peek, o.text_key)  # for every tokenizer: a wrong key would reject every line
     tokenizer = resolve_tokenizer(o.tokenizer, storage_options, o.tokenizer_backend, peek.texts,
-                                  o.tokenizer_check_fraction)
+                                  o.tokenizer_check_fraction, o.split_special_tokens)
     record, names = _recorded_sources(o, inputs)
     target = StoreTarget(
         url=o.output, zarr_format=o.zarr_format, tokens_chunk=o.tokens_chunk_size,
@@ -156,8 +168,9 @@ def plan_job(o: FlatTokensOptions, storage_options: dict | None = None, run_id: 
         "tokenizer": tokenizer.provenance(),
         "seed": o.seed,
         "validation_fraction": fraction,
-        "inputs": list(o.input) if o.input else [p for s in inputs.mixture.sources for p in s.inputs],
-        "validation_inputs": list(o.validation_input or []) if o.input else
+        # Absolute, as every path recorded: they mean the same from any working directory.
+        "inputs": [absolute(p) for p in o.input] if o.input else [p for s in inputs.mixture.sources for p in s.inputs],
+        "validation_inputs": [absolute(p) for p in o.validation_input or []] if o.input else
         [p for s in inputs.mixture.sources for p in s.validation_inputs],
         "text_key": o.text_key,
         "input_files": len(train_files) + len(valid_files),
@@ -175,7 +188,8 @@ def plan_job(o: FlatTokensOptions, storage_options: dict | None = None, run_id: 
         max_rejected_fraction=o.max_rejected_fraction, rejected_url=rejected_output(o),
         input_bytes=all_bytes, provenance=provenance, row_groups=row_groups,
         dedup_shards=(o.num_shards or auto_shards(all_bytes)) if o.dedup == "exact" else None,
-        mixture=inputs.mixture, source_of_input=inputs.source_of_input, record_sources=record)
+        mixture=inputs.mixture, source_of_input=inputs.source_of_input, record_sources=record,
+        skipped_files=inputs.skipped)
 
 
 def _recorded_sources(o: FlatTokensOptions, inputs: _Inputs) -> tuple[list[int] | None, list[str] | None]:
@@ -196,4 +210,4 @@ def _recorded_sources(o: FlatTokensOptions, inputs: _Inputs) -> tuple[list[int] 
 
 
 def rejected_output(o: FlatTokensOptions) -> str:
-    return o.rejected_output or o.output.rstrip("/") + ".rejected"
+    return absolute(o.rejected_output or o.output.rstrip("/") + ".rejected")

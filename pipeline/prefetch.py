@@ -9,12 +9,21 @@ in progress or does it itself, and reports any error as usual.
 """
 import gc
 import os
+import sys
+
+from pipeline import allocator
 
 
 def head_start(argv: list[str]) -> None:
     """What a `run` command line does first, before numpy or Beam is imported: one BLAS
     thread, the tokenizer loading on a thread, and the collector off until the graph is
-    built (pipeline.run._run turns it back on)."""
+    built (pipeline.run._run turns it back on). An address-space limit too small to run
+    ends the process here, with one line and exit 2, before native code can abort it."""
+    problem = allocator.address_space_shortfall()
+    if problem and not {"-h", "--help", "--version"} & set(argv):
+        print(f"flat-tokens: error: {problem}", file=sys.stderr)
+        sys.stderr.flush()
+        os._exit(2)
     no_blas_threads()
     tokenizer_from_argv(argv)  # loads while Beam is imported
     gc.disable()
@@ -50,4 +59,5 @@ def tokenizer_from_argv(argv: list[str]):
     except (OSError, UnicodeDecodeError):
         return None
     from transforms.tokenize import backends as tokenizer_backends
-    return tokenizer_backends.prefetch(text, _last_value(argv, "--tokenizer_backend") or tokenizer_backends.AUTO)
+    return tokenizer_backends.prefetch(text, _last_value(argv, "--tokenizer_backend") or tokenizer_backends.AUTO,
+                                       "--split_special_tokens" in argv)

@@ -15,7 +15,6 @@ from pipeline.options import OPTIONS, FlatTokensOptions
 from transforms import staging
 from transforms.read.inputs import JSONL
 from transforms.staging import StagingArea, Staged
-from transforms.tokenize.backends import version_of
 from transforms.write.ownership import CONFLICT_PREFIX
 from transforms.write.zarr_store import array_length
 
@@ -103,11 +102,11 @@ def _start(unit) -> int:
 def unit_keys(plan, storage_options: dict | None = None) -> tuple[dict, dict]:
     """(file key -> (sorted unit starts, unit keys)), and (unit key -> text bytes), for every
     unit of the job."""
-    info = plan.tokenizer
+    # The tokenizer as the dataset's provenance records it (content, vocabulary, backend and its
+    # version, checked fraction, special tokens), but not where it was read from.
+    tokenizer = {k: v for k, v in plan.tokenizer.provenance().items() if k != "spec"}
     common = {"format": staging.FORMAT, "package": __version__, "batch_documents": plan.batch_documents,
-              "digests": plan.dedup_shards is not None,
-              "tokenizer": {"sha256": info.sha256, "vocab_size": info.vocab_size, "backend": info.backend,
-                            "backend_version": version_of(info.backend)}}
+              "digests": plan.dedup_shards is not None, "tokenizer": tokenizer}
     versions = {}
     by_file, sizes = {}, {}
     for unit in list(plan.read_ranges()) + list(plan.row_groups):

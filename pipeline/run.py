@@ -27,11 +27,13 @@ from fsspec.core import url_to_fs
 from pipeline import VERSION, allocator, resume
 from pipeline.graph import build_pipeline
 from pipeline.plan import plan_job
-from pipeline.options import FlatTokensOptions, OptionError, ViewsMadeOnce, check_options, help_text, unknown_options
+from pipeline.options import (FlatTokensOptions, OptionError, ViewsMadeOnce, check_options, help_text,
+                              unknown_option_message, unknown_options)
 from transforms.shuffle import spill
 from transforms.write import zarr_store
 from transforms.read.inputs import InputError
 from transforms.read.mixture import source_table
+from transforms.write import rejected
 from transforms.write.ownership import refuse_overlaps
 from transforms.progress import ProgressLogger
 from transforms.tokenize.tokenizer import TokenizerError
@@ -77,6 +79,15 @@ def local_temp_root(options: PipelineOptions) -> str | None:
     else the system's temporary directory (None)."""
     temp = options.view_as(GoogleCloudOptions).temp_location
     return temp if temp and "://" not in temp else None
+
+
+def check_local_temp_root(options: PipelineOptions) -> None:
+    """A local --temp_location must be a directory this run can write in: spill files and
+    Beam's own temporary files go there."""
+    root = local_temp_root(options)
+    if root and not (os.path.isdir(root) and os.access(root, os.W_OK | os.X_OK)):
+        raise OptionError(f"--temp_location {root}: not a writable directory; create it, or leave the option out "
+                          f"(the system's temporary directory, {tempfile.gettempdir()}, is used then)")
 
 
 def output_bytes(url: str, storage_options: dict | None = None) -> int | None:
@@ -149,7 +160,7 @@ def _submitted(result, ft: FlatTokensOptions) -> int:
     """A Dataflow job was submitted: say which, and do not wait for it."""
     job_id = result.job_id() if getattr(result, "has_job", False) else None
     print(f"flat-tokens: submitted Dataflow job {job_id or '(job graph handed to the template launcher)'}; "
-          f"{ft.output} is committed when the job succeeds (check: python -m pipeline.verify {ft.output})")
+          f"{ft.output} is committed when the job succeeds (check: flat-tokens verify {ft.output})")
     if ft.summary_json:
         print("flat-tokens: --summary_json is not written for a Dataflow job: the stats are the committed "
               "dataset's root attribute 'stats'", file=sys.stderr)
@@ -175,16 +186,22 @@ def main(argv=None) -> int:
     try:
         unknown = unknown_options(argv)
         if unknown:
-            raise OptionError(f"unknown option {unknown[0]}; see --help")
+            raise OptionError(unknown_option_message(argv, unknown[0]))
         check_options(ft)
+        if options.view_as(StandardOptions).runner in LOCAL_RUNNERS:
+            check_local_temp_root(options)
         # before any data is read; an unfinished output that this command made is resumed
         found = zarr_store.refuse_occupied(ft.output, ft.overwrite, resumable=resume.same_command(ft))
         plan = plan_job(ft)
         plan.expected_owner = found.owner  # CreateOutput replaces only this, or stops
         plan.take_unfinished = not found.committed
-        inputs = [f.url for f in plan.files] + _tokenizer_file(ft.tokenizer) + ([ft.mixture] if ft.mixture else [])
+        # Files a directory input holds but does not read count too: an output among them
+        # would be in the input directory, and its files read by a later run.
+        inputs = ([f.url for f in plan.files] + plan.skipped_files + _tokenizer_file(ft.tokenizer)
+                  + ([ft.mixture] if ft.mixture else []))
         refuse_overlaps(ft.output, inputs, plan.rejected_url)
         zarr_store.check_writable(plan.target)
+        rejected.check_writable(plan.rejected_url, plan.target.run_id, plan.target.storage_options)
     except (OptionError, InputError, TokenizerError, zarr_store.OutputError) as e:
         return _fail(str(e), USAGE_ERROR)
     plan.resume = resume.prepare(plan, ft, found, plan.target.storage_options)

@@ -75,8 +75,8 @@ _FRACTION_BELOW_1 = ("0|0\\.[0-9]*|\\.[0-9]+"  # 0, 0., 0.25, .25
 # kind -> (Dataflow paramType, regex or None)
 KINDS = {
     "text": ("TEXT", None),
-    "int": ("NUMBER", "^-?[0-9]{1,18}$"),
     "count": ("NUMBER", "^[0-9]{1,9}$"),
+    "uint64": ("NUMBER", "^[0-9]{1,19}$"),  # 19 digits stay below 2**64
     "positive_int": ("NUMBER", "^[1-9][0-9]{0,11}$"),
     "fraction": ("NUMBER", f"^({_FRACTION_BELOW_1}|1|1\\.0*)$"),
     "fraction_below_1": ("NUMBER", f"^({_FRACTION_BELOW_1})$"),

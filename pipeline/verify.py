@@ -459,7 +459,7 @@ def _positive_int(text: str) -> int:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m pipeline.verify",
+    ap = argparse.ArgumentParser(prog="flat-tokens verify",
                                  description="Verify a flat-tokens dataset written by this pipeline.")
     ap.add_argument("path", help="dataset path or fsspec URL (file://, gs://, ...)")
     ap.add_argument("--version", action="version", version=VERSION)

@@ -140,6 +140,23 @@ def test_the_rejected_limit_is_checked_over_the_whole_input(tmp_path):
     assert len(report) == 1 and json.loads(report[0].read_text())["line"] == 2
 
 
+def test_a_deeply_nested_line_is_a_rejected_line(tmp_path):
+    """Deeper than orjson's 1,024 levels, the fallback `json` raised RecursionError: the
+    launcher's look at the first lines (this file starts with one) printed a traceback."""
+    deep = b'{"text": "deep", "meta": ' + b"[" * 5000 + b"]" * 5000 + b"}"
+    fine = b'{"text": "fine", "meta": ' + b"[" * 1000 + b"]" * 1000 + b"}"
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b"\n".join([deep] + [json.dumps({"text": f"document {i}"}).encode() for i in range(3)]
+                                + [fine]) + b"\n")
+    out = tmp_path / "o.zarr"
+    run_pipeline("--input", path, "--tokenizer", "bytes", "--output", out, "--max_rejected_fraction", "0.5")
+    stats = zarr.open_group(str(out), mode="r").attrs["stats"]
+    assert stats["documents"] == 4 and stats["rejected_by_reason"] == {"too_deeply_nested": 1}
+    [report] = (tmp_path / "o.zarr.rejected").glob("*.jsonl")
+    row = json.loads(report.read_text())
+    assert (row["line"], row["reason"]) == (1, "too_deeply_nested")
+
+
 def usage_error(tmp_path, *args, env=None):
     proc = run_pipeline(*args, check=False, env=env)
     assert proc.returncode == 2, proc.stderr
@@ -172,6 +189,36 @@ def test_bad_configuration_fails_fast_naming_the_culprit(tmp_path):
     assert "--validation_fraction" in usage_error(tmp_path, "--input", good_input, *out, "--tokenizer", "bytes",
                                                   "--validation_fraction", "1.5")
     assert not (tmp_path / "o.zarr").exists()
+
+
+def test_a_rejected_output_that_cannot_take_the_report_is_refused_at_launch(tmp_path):
+    """It was found after the whole run, when the report was written: exit 1."""
+    from tests.test_inputs import run_where_permissions_apply
+    corpus = tmp_path / "in.jsonl"
+    corpus.write_bytes(good(0) + b"\n{broken\n")
+    common = ["--input", corpus, "--tokenizer", "bytes", "--max_rejected_fraction", "1"]
+    (tmp_path / "a-file").write_text("mine")
+    msg = usage_error(tmp_path, *common, "--output", tmp_path / "o.zarr", "--rejected_output", tmp_path / "a-file")
+    assert "--rejected_output" in msg and "a-file: is a file, not a directory" in msg, msg
+    assert (tmp_path / "a-file").read_text() == "mine" and not (tmp_path / "o.zarr").exists()
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    os.chmod(locked, 0o555)
+    try:
+        proc = run_where_permissions_apply(*common, "--output", tmp_path / "p.zarr", "--rejected_output", locked)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        assert f"--rejected_output {locked}: cannot write there" in proc.stderr, proc.stderr
+    finally:
+        os.chmod(locked, 0o755)
+    assert list(locked.iterdir()) == []
+
+
+def test_a_temp_location_that_is_not_a_directory_is_one_line(tmp_path):
+    """It was a traceback from tempfile.mkdtemp."""
+    corpus = write_jsonl(tmp_path / "in.jsonl", ["hello"])
+    msg = usage_error(tmp_path, "--input", corpus, "--tokenizer", "bytes", "--output", tmp_path / "o.zarr",
+                      "--temp_location", tmp_path / "no-such-dir")
+    assert f"--temp_location {tmp_path / 'no-such-dir'}: not a writable directory" in msg, msg
 
 
 def keyed_records(n, start=0):

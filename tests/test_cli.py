@@ -2,14 +2,19 @@
 import json
 import os
 import re
+import resource
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
+import pytest
 import zarr
 
 from pipeline import verify
 from tests.helpers import REPO, SAMPLE, run_pipeline, write_jsonl
 from tests.paced_backends import HOLD_MARKER, RELEASE_FILE_ENV
+from tests.test_parquet import sequences
 from transforms.records import DocumentBatch
 
 
@@ -164,3 +169,113 @@ def test_worker_processes_are_quiet_too(tmp_path, corpus):
                         *MULTI_PROCESS, check=False)
     assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr[-3000:]
     assert "3 of 4 non-blank input lines were rejected" in proc.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# The command line: nothing Beam would discard
+
+SAMPLE_FILES = sorted(str(p) for p in SAMPLE.glob("*.jsonl"))
+SAMPLE_DOCUMENTS = sum(len(open(p, encoding="utf-8").read().splitlines()) for p in SAMPLE_FILES)
+BYTES = ["--tokenizer", "bytes"]
+
+
+def stats(out) -> dict:
+    return zarr.open_group(str(out), mode="r").attrs["stats"]
+
+
+def refused(proc) -> str:
+    """The one error line of a run refused at launch (exit 2, no traceback)."""
+    assert proc.returncode == 2, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("flat-tokens: error:")]
+    assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    return errors[0]
+
+
+def test_an_unquoted_glob_reads_every_file_the_shell_expanded_it_to(tmp_path):
+    """`--input data/*.jsonl` unquoted: the shell passes one path per file. Beam used to keep
+    the first and drop the rest with a warning (469 of the sample's 938 documents, exit 0)."""
+    quoted = tmp_path / "quoted.zarr"
+    run_pipeline("--input", f"{SAMPLE}/*.jsonl", *BYTES, "--output", quoted)
+    unquoted = tmp_path / "unquoted.zarr"
+    run_pipeline("--input", *SAMPLE_FILES, *BYTES, "--output", unquoted, "--quiet")
+    assert stats(unquoted)["documents"] == stats(quoted)["documents"] == SAMPLE_DOCUMENTS
+    assert sequences(unquoted) == sequences(quoted)
+    assert zarr.open_group(str(unquoted), mode="r").attrs["inputs"] == SAMPLE_FILES
+
+    valid = write_jsonl(tmp_path / "v" / "a.jsonl", [f"validation {i}" for i in range(5)])
+    write_jsonl(tmp_path / "v" / "b.jsonl", [f"validation {i}" for i in range(5, 12)])
+    split = tmp_path / "split.zarr"
+    run_pipeline("--input", *SAMPLE_FILES, "--validation_input", valid, tmp_path / "v" / "b.jsonl", *BYTES,
+                 "--output", split)
+    assert stats(split)["validation"]["sequences"] == 12 and stats(split)["documents"] == SAMPLE_DOCUMENTS + 12
+
+
+@pytest.mark.parametrize("mode", [[], ["--quiet"], ["--verbose"]])
+def test_an_argument_no_option_takes_is_refused_in_every_mode(tmp_path, mode):
+    """`--tokenizer bytes stray`: Beam discards `stray` with a warning (which --quiet hid)."""
+    proc = run_pipeline("--input", SAMPLE_FILES[0], *BYTES, "stray.jsonl", "--output", tmp_path / "o.zarr", *mode,
+                        check=False)
+    message = refused(proc)
+    assert "unexpected argument stray.jsonl (after --tokenizer bytes)" in message, message
+    assert "quote a glob" in message
+    assert not (tmp_path / "o.zarr").exists()
+
+
+def test_a_misspelt_option_is_refused_with_a_suggestion(tmp_path):
+    common = ["--input", SAMPLE_FILES[0], *BYTES, "--output", tmp_path / "o.zarr"]
+    message = refused(run_pipeline(*common, "--text-key", "text", check=False))
+    assert "unknown option --text-key; did you mean --text_key?" in message, message
+    message = refused(run_pipeline(*common, "--validation_fracton=0.1", check=False))
+    assert "unknown option --validation_fracton; did you mean --validation_fraction?" in message, message
+    assert "did you mean" not in refused(run_pipeline(*common, "--frobnicate", check=False))
+
+
+
+
+def test_verify_and_inspect_name_themselves_as_the_console_script_does():
+    for command in ("verify", "inspect"):
+        usage = cli(command, "--help").stdout
+        assert usage.startswith(f"usage: flat-tokens {command} "), usage
+
+
+def test_a_seed_the_reader_would_refuse_is_refused(tmp_path):
+    common = ["--input", SAMPLE_FILES[0], *BYTES, "--output", tmp_path / "o.zarr"]
+    for seed in ("-1", str(1 << 64)):
+        assert f"--seed {seed}: must be in [0, 2**64)" in refused(run_pipeline(*common, "--seed", seed, check=False))
+    run_pipeline(*common, "--seed", str((1 << 64) - 1))
+    from pipeline.reader import open_dataset
+    train = open_dataset(str(tmp_path / "o.zarr"))["train"]
+    next(iter(train.packed_batches(16, 2, seed=zarr.open_group(str(tmp_path / "o.zarr"), mode="r").attrs["seed"])))
+
+
+def test_provenance_is_absolute_so_inspect_decodes_from_another_directory(tmp_path):
+    """Relative paths were recorded as given: `inspect` run elsewhere could not load the
+    recorded tokenizer, and showed token ids."""
+    work = tmp_path / "work"
+    write_jsonl(work / "data" / "in.jsonl", ["a recognisable sentence about lighthouses"] * 3)
+    shutil.copy(SAMPLE / "tokenizer.json", work / "tok.json")
+    subprocess.run([sys.executable, "-m", "pipeline.cli", "run", "--input", "data/in.jsonl", "--tokenizer", "tok.json",
+                    "--output", "o.zarr", "--quiet"], cwd=work, env={**os.environ, "PYTHONPATH": str(REPO)}, check=True,
+                   capture_output=True, timeout=300)
+    attrs = zarr.open_group(str(work / "o.zarr"), mode="r").attrs
+    assert attrs["inputs"] == [str(work / "data" / "in.jsonl")]
+    assert attrs["tokenizer"]["spec"] == str(work / "tok.json")
+    assert attrs["rejected_output"] == str(work / "o.zarr.rejected")
+    shown = subprocess.run([sys.executable, "-m", "pipeline.cli", "inspect", str(work / "o.zarr"), "--sequences", "1"],
+                           cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert shown.returncode == 0 and "lighthouses" in shown.stdout, shown.stdout + shown.stderr
+
+
+def test_an_address_space_limit_too_small_to_run_is_one_line(tmp_path):
+    """Under `ulimit -v` 500 MB the tokenizer's Rust code aborted the process with a backtrace
+    (or an import raised MemoryError)."""
+    def limited():
+        resource.setrlimit(resource.RLIMIT_AS, (500 << 20, 500 << 20))
+    for command in ([sys.executable, "-m", "pipeline.run"], [str(Path(sys.executable).parent / "flat-tokens"), "run"]):
+        proc = subprocess.run([*command, "--input", SAMPLE_FILES[0], "--tokenizer", str(SAMPLE / "tokenizer.json"),
+                               "--output", str(tmp_path / "o.zarr")], cwd=REPO, capture_output=True, text=True,
+                              preexec_fn=limited, timeout=300)
+        assert proc.returncode == 2, proc.stderr[-2000:]
+        assert proc.stderr.startswith("flat-tokens: error: the address-space limit (ulimit -v) is 500 MB, below the "
+                                      "1,024 MB a run needs"), proc.stderr[-2000:]
+        assert len(proc.stderr.splitlines()) == 1

@@ -280,3 +280,23 @@ def test_rows_are_numbered_across_row_groups_and_record_batches(tmp_path):
     with parquet.open_parquet(f) as pf:
         rows = [r for g in groups for r in parquet.iter_rows(pf, g, batch_rows=7)]
     assert rows == list(enumerate(texts))
+
+
+@pytest.mark.parametrize("row_groups", [0, 2])
+def test_parquet_without_rows_commits_an_empty_dataset_as_jsonl_without_lines_does(tmp_path, row_groups):
+    """The run used to fail at the commit ('EmptySideInput' object has no attribute 'get'):
+    no rows, no unit of work, no counts at all."""
+    path = tmp_path / "empty.parquet"
+    table = pa.table({"text": pa.array([], pa.string())})
+    with pq.ParquetWriter(path, table.schema) as writer:
+        for _ in range(row_groups):
+            writer.write_table(table)
+    assert pq.ParquetFile(path).metadata.num_row_groups == row_groups and pq.ParquetFile(path).metadata.num_rows == 0
+    (tmp_path / "empty.jsonl").write_bytes(b"")
+    for name in ("empty.parquet", "empty.jsonl"):
+        out = tmp_path / f"{name}.zarr"
+        run_pipeline("--input", tmp_path / name, "--tokenizer", "bytes", "--output", out)
+        stats = zarr.open_group(str(out), mode="r").attrs["stats"]
+        assert (stats["lines"], stats["documents"], stats["train"]["sequences"], stats["validation"]["tokens"]) == (
+            0, 0, 0, 0)
+        assert verify.verify_dataset(str(out)) == []

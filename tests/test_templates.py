@@ -87,7 +87,8 @@ SAMPLES = {
                    "org/json", "a.jso", "my-org/tok.v2.json5", "x.jsonl", "a/b.JSON"],
                   ["", "tokenizer.json", "/abs/tokenizer.json", "./tok", ".hidden", "a/b/c", "org/tokenizer.json",
                    "s3://b/tokenizer.json", "gs://my-bucket/", "http://x.org/tokenizer.json", "byt es", "-x", "a.json"]),
-    "seed": (["0", "42", "-1", "123456789012345678"], ["", "1.5", "abc", "1e3", "0x10", " 1", "1234567890123456789"]),
+    "seed": (["0", "42", "123456789012345678", "9999999999999999999"],
+             ["", "-1", "1.5", "abc", "1e3", "0x10", " 1", "18446744073709551616"]),
     "validation_fraction": (["0", "0.01", "0.5", ".25", "0.999", "0.", *SCIENTIFIC_BELOW_1],
                             ["1", "1.0", "-0.1", "", "abc", "0,01", "2", "1e-0", "10e-1", *NOT_FRACTIONS]),
     "num_shards": NON_NEGATIVE_INT,
@@ -114,7 +115,7 @@ SAMPLES = {
 # By template kind, for a parameter that SAMPLES does not name (a new option of a known kind).
 KIND_SAMPLES = {
     "gcs_read": GCS_INPUTS, "gcs_write": SAMPLES["output"], "tokenizer": SAMPLES["tokenizer"],
-    "int": SAMPLES["seed"], "count": NON_NEGATIVE_INT, "positive_int": POSITIVE_INT,
+    "uint64": SAMPLES["seed"], "count": NON_NEGATIVE_INT, "positive_int": POSITIVE_INT,
     "fraction": SAMPLES["max_rejected_fraction"], "fraction_below_1": SAMPLES["validation_fraction"],
     "flag": SAMPLES["overwrite"], "gcs_file": SAMPLES["mixture"],
 }
@@ -537,6 +538,7 @@ TEMPLATE_VALUES = {  # every optional parameter, as Dataflow passes it (validati
     "codec": "blosc-lz4", "max_rejected_fraction": "0.01", "read_range_mb": "1", "batch_documents": "128",
     "tokenizer_backend": "fastokens", "tokenizer_check_fraction": "0.5", "dedup": "exact",
     "record_sources": "true",
+    "split_special_tokens": "true",
 }
 # The parameters `launched` cannot combine with its input/validation_input: see the mixture launch below.
 LAUNCHED_APART = {"mixture"}

@@ -65,3 +65,29 @@ def test_the_run_time_guard_fails_the_job_on_a_rare_disagreement(tmp_path, bpe_t
     offset = (tmp_path / "in.jsonl").read_bytes().index(RARE_MARKER.encode()) - len('{"text": "a ')
     assert f"the document at byte {offset} of input in.jsonl" in message, message
     assert "use --tokenizer_backend hf" in message
+
+
+def test_special_token_text_is_the_special_id_unless_split_special_tokens(tmp_path):
+    """The default encodes `<|endoftext|>` inside a document as the special token (id 0 in the
+    sample tokenizer): documented. --split_special_tokens encodes it as text, with either
+    backend, and the provenance says which."""
+    import zarr
+    from tests.helpers import SAMPLE
+    corpus = write_jsonl(tmp_path / "in.jsonl", ["a page that quotes <|endoftext|> in its text"] * 4)
+    tokenizer = SAMPLE / "tokenizer.json"
+
+    def ids(out):
+        root = zarr.open_group(str(out), mode="r")
+        return (np.asarray(root["train"]["encoded_tokens"][:]) >> 1).tolist(), root.attrs["tokenizer"]
+
+    common = ["--input", corpus, "--tokenizer", tokenizer, "--validation_fraction", "0"]
+    run_pipeline(*common, "--output", tmp_path / "special.zarr")
+    special, recorded = ids(tmp_path / "special.zarr")
+    assert special.count(0) == 4 and recorded["split_special_tokens"] is False
+    for backend in ("hf", "fastokens"):
+        out = tmp_path / f"split-{backend}.zarr"
+        run_pipeline(*common, "--output", out, "--split_special_tokens", "--tokenizer_backend", backend)
+        split, recorded = ids(out)
+        assert 0 not in split and len(split) > len(special) and recorded["split_special_tokens"] is True
+        assert recorded["backend"] == backend
+    assert ids(tmp_path / "split-hf.zarr")[0] == ids(tmp_path / "split-fastokens.zarr")[0]

@@ -1,30 +1,48 @@
-"""Finding the input files and cutting them into byte ranges that workers read in parallel.
+"""Finding the input files, cutting them into byte ranges that workers read in parallel, and
+opening them (decompressed, and checked against the listing).
 
-Everything here runs when the pipeline is built (so a glob that matches nothing fails
-before any worker starts) and is a pure function of the file listing.
+Listing runs when the pipeline is built, so a glob that matches nothing, or an entry that
+cannot be read, fails before any worker starts; the ranges are a pure function of the
+listing. Each file's size and version are recorded then, and every open checks them.
 """
+import bz2
 import contextlib
+import errno
 import gzip
+import lzma
 import os
 import posixpath
+import re
+import stat
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import fsspec
 import zstandard
 from fsspec.core import url_to_fs
+from fsspec.implementations.local import LocalFileSystem
+from fsspec.utils import glob_translate
 
 from transforms.gcs import close_gcs_sessions, close_gcs_sessions_at_exit, use_gcs_emulator_plainly  # noqa: F401
 
 GLOB_CHARS = "*?["
-COMPRESSED_SUFFIXES = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
+COMPRESSED_SUFFIXES = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd", ".bz2": "bz2", ".xz": "xz"}
 PARQUET_SUFFIXES = (".parquet", ".pq")
+JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 JSONL = "jsonl"
 PARQUET = "parquet"
+# Names of the files listed after a directory input's "skipped" warning.
+SKIPPED_NAMED = 5
 
 
 class InputError(ValueError):
     """A user error in the input options: the message names the option and the culprit."""
+
+
+class InputChanged(InputError):
+    """An input file is no longer what the job listed: another size, another modification time
+    or GCS generation, or fewer or more bytes than listed when read. The message names it."""
 
 
 @dataclass(frozen=True)
@@ -36,6 +54,9 @@ class InputFile:
     split: str  # "train", "validation", or "auto" (decided per document by --validation_fraction)
     format: str = JSONL  # JSONL, or PARQUET (read by row group, never by byte range)
     text_key: str | None = None  # a mixture source's own text key; None: --text_key
+    # What tells this content from another of the same size, as listed: "mtime <ns>" for a
+    # local file, "generation <n>" for a GCS object (whose reads are then pinned to it).
+    version: str | None = None
 
 
 def input_index(file_key: str) -> int:
@@ -50,6 +71,14 @@ class ReadRange:
     file: InputFile
     start: int
     stop: int | None
+
+
+def absolute(url: str) -> str:
+    """A local path made absolute (`~` and `..` resolved, links kept); a URL as it is. What
+    provenance records, so that it means the same from any working directory."""
+    if "://" in url:
+        return url
+    return os.path.abspath(os.path.expanduser(url))
 
 
 def glob_root(pattern: str) -> str:
@@ -67,6 +96,16 @@ def compression_of(path: str) -> str | None:
     return None
 
 
+def is_data_name(path: str) -> bool:
+    """Whether a file's name says JSONL or Parquet (compressed or not): what a directory
+    input reads. A README, a YAML file or a _SUCCESS marker beside the data is not read."""
+    name = path.lower()
+    compression = compression_of(name)
+    if compression:
+        name = name[:name.rfind(".")]
+    return name.endswith(JSONL_SUFFIXES + PARQUET_SUFFIXES)
+
+
 def format_of(path: str, option: str = "--input") -> str:
     """PARQUET for *.parquet and *.pq (any case), else JSONL."""
     name = path.lower()
@@ -78,43 +117,224 @@ def format_of(path: str, option: str = "--input") -> str:
     return JSONL
 
 
+@dataclass
+class Listing:
+    """The files some patterns name, and what their directories held that is not data."""
+
+    files: list[InputFile] = field(default_factory=list)
+    skipped: list[tuple[str, list[str]]] = field(default_factory=list)  # (option and pattern, paths)
+
+    def skipped_message(self) -> str | None:
+        """One line per directory input that held files which are not data, or None."""
+        if not self.skipped:
+            return None
+        lines = []
+        for where, paths in self.skipped:
+            names = ", ".join(paths[:SKIPPED_NAMED]) + (f" and {len(paths) - SKIPPED_NAMED} more"
+                                                        if len(paths) > SKIPPED_NAMED else "")
+            lines.append(f"flat-tokens: {where}: skipped {len(paths)} file(s) not named as JSONL or Parquet "
+                         f"data (*.jsonl, *.json, *.ndjson, *.parquet, *.pq, optionally .gz/.zst/.bz2/.xz): {names}")
+        return "\n".join(lines)
+
+
+class _Entry(NamedTuple):
+    path: str
+    size: int
+    version: str | None
+
+
 def list_input_files(patterns: list[str], split: str, first_index: int = 0,
                      option: str = "--input", storage_options: dict | None = None) -> list[InputFile]:
     """Expands each pattern (a path, a glob, or a directory) into files, in a stable order."""
-    files = []
+    return list_inputs(patterns, split, first_index, option, storage_options).files
+
+
+def list_inputs(patterns: list[str], split: str, first_index: int = 0,
+                option: str = "--input", storage_options: dict | None = None) -> Listing:
+    """Expands each pattern (a path, a glob, or a directory) into files, in a stable order.
+
+    Every file it returns is a regular file that could be opened, with the size and version
+    (see InputFile.version) it has now. Anything that would leave data out silently is an
+    InputError naming it: a directory that cannot be listed, a broken or looping link, a
+    file that cannot be opened, a FIFO or device (refused without opening it: opening a
+    FIFO waits for a writer). A directory input reads its data files only (is_data_name);
+    the others are listed in Listing.skipped."""
+    listing = Listing()
     for i, pattern in enumerate(patterns):
+        where = f"{option} {pattern}"
         try:
             fs, path = url_to_fs(pattern, **(storage_options or {}))
         except (ImportError, ValueError) as e:
-            raise InputError(f"{option} {pattern}: cannot open this kind of path ({e})") from None
+            raise InputError(f"{where}: cannot open this kind of path ({e})") from None
         try:
-            if any(c in path for c in GLOB_CHARS):
-                root = glob_root(path)
-                matches = sorted(p for p in fs.glob(path) if not fs.isdir(p))
-            elif fs.isdir(path):
-                root = path.rstrip("/")
-                matches = sorted(p for p in fs.find(path) if not p.endswith("/"))
-            elif fs.exists(path):
-                root = posixpath.dirname(path)
-                matches = [path]
+            if isinstance(fs, LocalFileSystem):
+                root, entries, skipped = _list_local(path, where)
             else:
-                raise InputError(f"{option} {pattern}: no such file; check the path")
+                root, entries, skipped = _list_objects(fs, path, where)
         except PermissionError as e:
-            raise InputError(f"{option} {pattern}: permission denied ({e})") from None
-        if not matches:
-            raise InputError(f"{option} {pattern}: the pattern matches no file; check the path and the glob")
-        for path in matches:
-            rel = posixpath.relpath(path, root) if root else path
-            info = fs.info(path)
-            files.append(InputFile(
-                url=fs.unstrip_protocol(path) if "://" in pattern else path,
+            raise InputError(f"{where}: permission denied ({e})") from None
+        if "://" in pattern:
+            skipped = [fs.unstrip_protocol(p) for p in skipped]
+        if skipped:
+            listing.skipped.append((where, skipped))
+        if not entries:
+            if skipped:
+                raise InputError(f"{where}: the directory holds no file named as JSONL or Parquet data, only: "
+                                 f"{', '.join(skipped[:SKIPPED_NAMED])}{' ...' if len(skipped) > SKIPPED_NAMED else ''}"
+                                 f"; name the files to read (a path or a glob)")
+            raise InputError(f"{where}: the pattern matches no file; check the path and the glob")
+        for entry in entries:
+            rel = posixpath.relpath(entry.path, root) if root else entry.path
+            listing.files.append(InputFile(
+                url=fs.unstrip_protocol(entry.path) if "://" in pattern else entry.path,
                 key=f"{first_index + i}:{rel}",
-                size=int(info.get("size") or 0),
-                compression=compression_of(path),
+                size=entry.size,
+                compression=compression_of(entry.path),
                 split=split,
-                format=format_of(path, option),
+                format=format_of(entry.path, option),
+                version=entry.version,
             ))
-    return files
+    return listing
+
+
+def _list_objects(fs, path: str, where: str) -> tuple[str, list[_Entry], list[str]]:
+    """(root, files, skipped) on an object store (or any fsspec filesystem but the local
+    one), from the listing's own details: no request per file."""
+    if any(c in path for c in GLOB_CHARS):
+        root, found, directory = glob_root(path), fs.glob(path, detail=True), False
+    elif fs.isdir(path):
+        root, found, directory = path.rstrip("/"), fs.find(path, detail=True), True
+    elif fs.exists(path):
+        root, found, directory = posixpath.dirname(path), {path: fs.info(path)}, False
+    else:
+        raise InputError(f"{where}: no such file; check the path")
+    entries, skipped = [], []
+    for name, info in sorted(found.items()):
+        if info.get("type") == "directory" or name.endswith("/"):
+            continue
+        if directory and not is_data_name(name):
+            skipped.append(name)
+            continue
+        if info.get("type") not in ("file", None):
+            raise InputError(f"{where}: {name} is not a regular file ({info.get('type')}); refusing to read it")
+        generation = info.get("generation")
+        entries.append(_Entry(name, int(info.get("size") or 0), f"generation {generation}" if generation else None))
+    return root, entries, skipped
+
+
+def _list_local(path: str, where: str) -> tuple[str, list[_Entry], list[str]]:
+    """(root, files, skipped) on the local filesystem, walked here rather than by fsspec:
+    fsspec's walk leaves out a subdirectory it cannot list, without a word."""
+    if any(c in path for c in GLOB_CHARS):
+        root = glob_root(path)
+        entries, _ = _walk_local(root, where, pattern=path)
+        return root, entries, []
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        if isinstance(e, FileNotFoundError) and not os.path.islink(path):
+            raise InputError(f"{where}: no such file; check the path") from None
+        raise InputError(f"{where}: {_unreadable(path, e)}") from None
+    if stat.S_ISDIR(st.st_mode):
+        root = path.rstrip("/")
+        entries, skipped = _walk_local(root, where)
+        return root, entries, skipped
+    return posixpath.dirname(path), [_local_entry(path, where)], []
+
+
+def _walk_local(top: str, where: str, pattern: str | None = None) -> tuple[list[_Entry], list[str]]:
+    """The files under directory `top`, following links to directories, in path order: with
+    a pattern (a glob, fsspec's syntax), those it matches, entering only the directories it
+    can reach; without one (a directory input), the data files, and the paths of the others
+    (not opened). A directory that cannot be listed, or a link back to a directory being
+    walked, is an InputError: what it holds would be left out, or read twice."""
+    full = re.compile(glob_translate(pattern)) if pattern else None
+    parts = pattern[len(top):].strip("/").split("/") if pattern else []
+    deep = parts.index("**") if "**" in parts else len(parts)  # directories below this depth: all entered
+    prefixes = [re.compile(glob_translate(posixpath.join(top, *parts[:d]))) for d in range(1, len(parts))]
+    entries, skipped = [], []
+
+    def worth_entering(path: str, depth: int) -> bool:
+        if full is None or depth > deep:
+            return True
+        return depth <= len(prefixes) and prefixes[depth - 1].match(path) is not None
+
+    def walk(directory: str, depth: int, ancestors: dict):
+        try:
+            with os.scandir(directory) as it:
+                children = sorted(it, key=lambda e: e.name)
+        except FileNotFoundError:
+            if depth == 0 and full is not None:  # a glob under a directory that does not exist
+                return
+            raise InputError(f"{where}: the directory {directory} disappeared while it was listed") from None
+        except OSError as e:
+            raise InputError(f"{where}: cannot list the directory {directory} ({e.strerror}): the files in it "
+                             f"would be left out; make it readable, or name the files to read") from None
+        for child in children:
+            path = posixpath.join(directory, child.name)
+            if _is_dir(child):
+                if not worth_entering(path, depth + 1):
+                    continue
+                st = child.stat()
+                seen = ancestors.get((st.st_dev, st.st_ino))
+                if seen is not None:
+                    raise InputError(f"{where}: {path} leads back to {seen} (a link loop): its files would be "
+                                     f"read again and again; remove the link, or name the files to read")
+                walk(path, depth + 1, {**ancestors, (st.st_dev, st.st_ino): path})
+            elif full is not None:
+                if full.match(path):
+                    entries.append(_local_entry(path, where))
+            elif is_data_name(child.name):
+                entries.append(_local_entry(path, where))
+            else:
+                skipped.append(path)
+
+    try:
+        st = os.stat(top)
+    except FileNotFoundError:
+        return [], []
+    except OSError as e:
+        raise InputError(f"{where}: {_unreadable(top, e)}") from None
+    walk(top, 0, {(st.st_dev, st.st_ino): top})
+    return entries, skipped
+
+
+def _is_dir(entry: os.DirEntry) -> bool:
+    try:
+        return entry.is_dir()  # follows a link; False for a broken one (which is then read as a file)
+    except OSError:
+        return False
+
+
+def _local_entry(path: str, where: str) -> _Entry:
+    """A local file to read: it must be a regular file (a link to one is), that opens."""
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise InputError(f"{where}: {_unreadable(path, e)}") from None
+    if not stat.S_ISREG(st.st_mode):
+        kind = ("a FIFO" if stat.S_ISFIFO(st.st_mode) else "a socket" if stat.S_ISSOCK(st.st_mode)
+                else "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else "not a file")
+        raise InputError(f"{where}: {path} is {kind}, not a regular file; refusing to open it (only regular "
+                         f"files are read: a FIFO would wait for a writer, a device may never end)")
+    try:  # O_NONBLOCK: were it swapped for a FIFO since the stat, opening must not wait
+        os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)))
+    except OSError as e:
+        raise InputError(f"{where}: {_unreadable(path, e)}") from None
+    return _Entry(path, st.st_size, local_version(st))
+
+
+def _unreadable(path: str, e: OSError) -> str:
+    """Why a local path cannot be read, in words."""
+    if e.errno == errno.ELOOP:
+        return f"{path} is a symbolic link loop; cannot be read"
+    if e.errno == errno.ENOENT and os.path.islink(path):
+        return f"{path} is a broken symbolic link (to {os.readlink(path)}); cannot be read"
+    return f"{path} cannot be read ({e.strerror or e})"
+
+
+def local_version(st: os.stat_result) -> str:
+    return f"mtime {st.st_mtime_ns}"
 
 
 def file_identity(f: InputFile) -> str:
@@ -139,8 +359,9 @@ def check_no_overlap(files: list[InputFile], origin_of) -> None:
 
 
 def check_readable(files: list[InputFile], storage_options: dict | None = None, limit: int = 64) -> None:
-    """Opens and reads a byte of the first `limit` files: an unreadable input (permissions,
-    a broken link, a bad compressed file) fails before the job starts."""
+    """Opens and reads a byte of the first `limit` files, through their decompressor: a bad
+    compressed file, or an object store refusing access, fails before the job starts.
+    (Every local file was opened when it was listed.)"""
     for f in files[:limit]:
         try:
             with open_input(f, storage_options) as fh:
@@ -165,26 +386,109 @@ def read_ranges(files: list[InputFile], range_bytes: int) -> list[ReadRange]:
     return ranges
 
 
+@contextlib.contextmanager
 def open_input(f: InputFile, storage_options: dict | None = None):
     """The (decompressed) content of an input file, to use as `with open_input(f) as fh:`
     (fh is a binary file object). Leaving the `with` closes the decompressor *and* the
     storage file under it: closing a GzipFile alone would leave a gcsfs file, and its
     background prefetch task, open. Data that ends inside a compressed stream raises
-    EOFError (gzip does; zstd is read by CheckedZstdReader, because zstandard's stream
-    reader returns the truncated data as if it were whole)."""
-    if f.compression:
-        return _open_compressed(f, storage_options)
-    return fsspec.open(f.url, "rb", **(storage_options or {}))
+    EOFError (gzip does; zstd, bz2 and xz are read by CheckedStreamReader, because
+    zstandard's stream reader returns truncated data as if it were whole, and Python's bz2
+    and lzma files ignore what follows the first stream when it is not another one).
+
+    The file must still be the one listed (InputChanged otherwise): the same size and
+    version when opened, reads that end where the listing says the file ends (so a file
+    truncated or grown since is caught by the range that reaches its end), and, for a local
+    file, the same modification time when the `with` ends. A GCS object is read at the
+    generation listed, so a rewrite between two reads cannot mix two versions."""
+    with _open_as_listed(f, storage_options) as raw:
+        if f.compression is None:
+            yield raw
+        elif f.compression == "gzip":
+            with gzip.GzipFile(fileobj=raw, mode="rb") as fh:
+                yield UpToTheBreak(fh)
+        else:
+            yield UpToTheBreak(CheckedStreamReader(raw, f.compression))
+        raw.check_unchanged()
 
 
 @contextlib.contextmanager
-def _open_compressed(f: InputFile, storage_options: dict | None):
-    if f.compression == "zstd":
-        with fsspec.open(f.url, "rb", **(storage_options or {})) as raw:
-            yield UpToTheBreak(CheckedZstdReader(raw))
-    else:
-        with fsspec.open(f.url, "rb", compression=f.compression, **(storage_options or {})) as fh:
-            yield UpToTheBreak(fh)
+def _open_as_listed(f: InputFile, storage_options: dict | None):
+    generation = f.version.split(" ", 1)[1] if f.version and f.version.startswith("generation ") else None
+    url = f"{f.url}#{generation}" if generation else f.url  # gcsfs reads that generation, or fails
+    try:
+        opened = fsspec.open(url, "rb", **(storage_options or {}))
+        raw = opened.__enter__()
+    except FileNotFoundError:
+        if generation is None:
+            raise
+        raise InputChanged(changed(f, f"generation {generation} is gone (the object was rewritten or "
+                                      f"deleted)")) from None
+    try:
+        checked = AsListed(raw, f)
+        checked.check_unchanged()
+        yield checked
+    finally:
+        opened.__exit__(None, None, None)
+
+
+def changed(f: InputFile, how: str) -> str:
+    return (f"input {f.url} changed while the job ran: it was listed with {f.size:,} bytes, and {how}; "
+            f"nothing read from it can be trusted. Rerun once the input stops changing")
+
+
+class AsListed:
+    """An input file's stored bytes, checked against its listing as they are read: a read
+    that reaches the end before the listed size (the file was truncated) or goes past it
+    (it grew) raises InputChanged. Compressed files are checked on their compressed bytes."""
+
+    def __init__(self, raw, f: InputFile):
+        self._raw = raw
+        self._f = f
+
+    def read(self, n: int = -1) -> bytes:
+        return self._checked(self._raw.read, n)
+
+    def readline(self, n: int = -1) -> bytes:
+        return self._checked(self._raw.readline, n)
+
+    def seek(self, *args) -> int:
+        return self._raw.seek(*args)
+
+    def tell(self) -> int:
+        return self._raw.tell()
+
+    def seekable(self) -> bool:
+        return self._raw.seekable()
+
+    def readable(self) -> bool:
+        return True
+
+    def __getattr__(self, name):  # what pyarrow or gzip may ask of a file besides (closed, ...)
+        return getattr(self._raw, name)
+
+    def _checked(self, read, n: int) -> bytes:
+        try:
+            data = read(n)
+        except FileNotFoundError:  # a GCS read of a generation that no longer exists
+            raise InputChanged(changed(self._f, "the version listed is gone")) from None
+        at = self._raw.tell()
+        if at > self._f.size:
+            raise InputChanged(changed(self._f, f"now holds more (read up to byte {at:,})"))
+        if not data and n != 0 and at < self._f.size:
+            raise InputChanged(changed(self._f, f"now ends at byte {at:,}"))
+        return data
+
+    def check_unchanged(self) -> None:
+        """A local file's size and modification time, as they are now, against the listing.
+        (A GCS object opened at its listed generation cannot have changed.)"""
+        if not (self._f.version or "").startswith("mtime "):
+            return
+        st = os.fstat(self._raw.fileno())
+        if st.st_size != self._f.size:
+            raise InputChanged(changed(self._f, f"now holds {st.st_size:,} bytes"))
+        if local_version(st) != self._f.version:
+            raise InputChanged(changed(self._f, "its modification time changed since"))
 
 
 class UpToTheBreak:
@@ -220,22 +524,39 @@ class UpToTheBreak:
         return b"".join(pieces)
 
 
-class CheckedZstdReader:
-    """Zstandard frames (one or more, as `zstd` and `pzstd` write them), decompressed; raises
-    EOFError when the input ends inside a frame."""
+class CorruptCompressedData(ValueError):
+    """Bytes a decompressor refuses: not (or no longer) the compressed format named."""
+
+
+# A new decompressor of each format, and the errors it raises on data it cannot decompress.
+DECOMPRESSORS = {
+    "zstd": (lambda: zstandard.ZstdDecompressor().decompressobj(), (zstandard.ZstdError,)),
+    "bz2": (bz2.BZ2Decompressor, (OSError, ValueError)),
+    "xz": (lzma.LZMADecompressor, (lzma.LZMAError,)),
+}
+
+
+class CheckedStreamReader:
+    """A file of zstd frames, or bzip2 or xz streams (one or more, as `pzstd`, `pbzip2` and
+    `xz -T` write them), decompressed. Raises EOFError when the input ends inside a frame,
+    and CorruptCompressedData for bytes that do not decompress, after a stream included."""
 
     RAW_BLOCK = 1 << 18
 
-    def __init__(self, raw):
+    def __init__(self, raw, compression: str):
         self._raw = raw
-        self._dctx = zstandard.ZstdDecompressor()
+        self._new, self._errors = DECOMPRESSORS[compression]
+        self._name = compression
         self._frame = None  # the decompressor of the current frame
         self._out = b""
         self._pos = 0
+        self._error = None  # met after the data now in _out: raised once that is read
 
     def read(self, n: int = -1) -> bytes:
         """Up to `n` bytes (fewer at the end of a decompressed block); b"" at the end."""
         while self._pos >= len(self._out):
+            if self._error is not None:
+                raise self._error
             data = self._raw.read(self.RAW_BLOCK)
             if not data:
                 if self._frame is not None and not self._frame.eof:
@@ -251,14 +572,18 @@ class CheckedZstdReader:
         pieces = []
         while data:
             if self._frame is None or self._frame.eof:
-                self._frame = self._dctx.decompressobj()
-            pieces.append(self._frame.decompress(data))
+                self._frame = self._new()
+            try:
+                pieces.append(self._frame.decompress(data))
+            except self._errors as e:
+                self._error = CorruptCompressedData(f"not valid {self._name} data ({e})")
+                break
             data = self._frame.unused_data if self._frame.eof else b""
         return b"".join(pieces)
 
 
 # Errors of a compressed input that is truncated or corrupt.
-COMPRESSED_DATA_ERRORS = (EOFError, zlib.error, gzip.BadGzipFile, zstandard.ZstdError)
+COMPRESSED_DATA_ERRORS = (EOFError, zlib.error, gzip.BadGzipFile, zstandard.ZstdError, CorruptCompressedData)
 
 
 def corrupt_input_message(f: InputFile, reached: int, lines: int, error: Exception) -> str:

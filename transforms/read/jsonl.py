@@ -22,6 +22,8 @@ NOT_AN_OBJECT = "not_an_object"
 MISSING_TEXT_KEY = "missing_text_key"
 TEXT_NOT_A_STRING = "text_not_a_string"
 UNENCODABLE_TEXT = "unencodable_text"  # lone surrogates: valid JSON, but no UTF-8 to tokenize
+# Nested deeper than orjson (1024 levels) and then `json` (Python's recursion limit) can parse.
+TOO_DEEPLY_NESTED = "too_deeply_nested"
 
 
 def iter_lines(f, start: int = 0, stop: int | None = None):
@@ -75,6 +77,8 @@ def parse_line(raw: bytes, text_key: str) -> tuple[str | None, str | None]:
             return None, INVALID_UTF8
         except ValueError:
             return None, INVALID_JSON
+        except RecursionError:
+            return None, TOO_DEEPLY_NESTED
     if not isinstance(obj, dict):
         return None, NOT_AN_OBJECT
     if text_key not in obj:
@@ -108,7 +112,7 @@ def load_object(raw: bytes) -> dict | None:
     except orjson.JSONDecodeError:
         try:
             obj = json.loads(raw.decode("utf-8"))
-        except ValueError:  # UnicodeDecodeError included
+        except (ValueError, RecursionError):  # UnicodeDecodeError included
             return None
     return obj if isinstance(obj, dict) else None
 

@@ -82,7 +82,10 @@ def row_groups_of(f: InputFile, column: str, storage_options: dict | None = None
                              if rg.column(c).path_in_schema.split(".")[0] == column)
             groups.append(RowGroup(f, i, first, rg.num_rows, column, text_bytes))
         first += rg.num_rows
-    return groups
+    # A file without rows is still one unit, of no rows: every input reports its counts, so
+    # an input of such files sums to zero documents (and commits an empty dataset, as JSONL
+    # without lines does) instead of to nothing at all.
+    return groups or [RowGroup(f, 0, 0, 0, column, 0)]
 
 
 def list_row_groups(files: list[InputFile], text_key: str, storage_options: dict | None = None) -> list[RowGroup]:

@@ -28,7 +28,7 @@ class ReadRowGroupFn(ReadIntoBatchesFn):
         def report_progress(documents: int):
             # In the group's uncompressed text bytes, in proportion to the rows read.
             nonlocal reported_bytes
-            read_bytes = group.text_bytes * counts["lines"] // group.num_rows
+            read_bytes = group.text_bytes * counts["lines"] // max(group.num_rows, 1)
             self._progress.add(documents=documents, bytes=read_bytes - reported_bytes)
             reported_bytes = read_bytes
 
@@ -37,6 +37,9 @@ class ReadRowGroupFn(ReadIntoBatchesFn):
             report_progress(len(batcher))
             return batcher.take()
 
+        if not group.num_rows:  # the unit of a file without rows: only its counts
+            yield beam.pvalue.TaggedOutput(COUNTS, counts)
+            return
         with open_parquet(group.file, self._storage_options) as pf:
             for row, value in parquet.iter_rows(pf, group):
                 counts["lines"] += 1

@@ -8,6 +8,9 @@ reference; any disagreement fails the job. Re-implementations do disagree in the
 (tokie differed on 6 of 26,548 documents with GPT-2).
 
 A backend is a callable texts -> (flat ids, lengths), built from the tokenizer.json text.
+With `split_special` (--split_special_tokens), the text of a special token inside a document
+(`<|endoftext|>`) is encoded as ordinary text, as transformers' `split_special_tokens` does;
+otherwise it becomes the special token's id.
 """
 import hashlib
 import importlib
@@ -83,8 +86,12 @@ def hf_tokenizer(json_text: str):
     return _cached(key, lambda: Tokenizer.from_str(json_text))
 
 
-def _hf(json_text: str):
+def _hf(json_text: str, split_special: bool = False):
     tokenizer = hf_tokenizer(json_text)
+    if split_special:  # a Tokenizer of its own: the setting is the object's, not the call's
+        from tokenizers import Tokenizer
+        tokenizer = Tokenizer.from_str(json_text)
+        tokenizer.encode_special_tokens = True
 
     def encode(texts):
         id_lists = [e.ids for e in tokenizer.encode_batch_fast(texts, add_special_tokens=False)]
@@ -94,12 +101,12 @@ def _hf(json_text: str):
     return encode
 
 
-def _fastokens(json_text: str):
+def _fastokens(json_text: str, split_special: bool = False):
     import fastokens
     tokenizer = fastokens.Tokenizer.from_json_str(json_text)
 
     def encode(texts):
-        ids, offsets = tokenizer.encode_batch_flat(texts, add_special_tokens=False)
+        ids, offsets = tokenizer.encode_batch_flat(texts, add_special_tokens=False, split_special_tokens=split_special)
         offsets = np.frombuffer(offsets, dtype=np.uint64).astype(np.int64)
         return np.frombuffer(ids, dtype=np.uint32), np.diff(offsets)
     return encode
@@ -136,12 +143,17 @@ def installed(name: str) -> bool:
         return False
 
 
-def make_encoder(name: str, json_text: str):
-    key = (name, hashlib.sha256(json_text.encode("utf-8")).hexdigest())
-    return _cached(key, lambda: _factory(name)(json_text))
+def make_encoder(name: str, json_text: str, split_special: bool = False):
+    key = (name, hashlib.sha256(json_text.encode("utf-8")).hexdigest(), split_special)
+    if not split_special:
+        return _cached(key, lambda: _factory(name)(json_text))
+    if name not in BUILTIN:  # a plugin's factory takes the tokenizer.json text only
+        raise ValueError(f"a plugin backend cannot encode special-token text as text (--split_special_tokens); "
+                         f"use {HF} or {FASTOKENS}")
+    return _cached(key, lambda: _factory(name)(json_text, split_special=True))
 
 
-def prefetch(json_text: str, requested: str = AUTO) -> threading.Thread:
+def prefetch(json_text: str, requested: str = AUTO, split_special: bool = False) -> threading.Thread:
     """Starts building, on a background thread, the encoders a run with this tokenizer and
     --tokenizer_backend will ask for. Parsing a tokenizer.json is native code that releases
     the GIL (fastokens: 0.4 s for GPT-2), so the launcher's own imports (Beam: ~0.8 s) go
@@ -151,7 +163,7 @@ def prefetch(json_text: str, requested: str = AUTO) -> threading.Thread:
     def build():
         for name in names:
             try:
-                make_encoder(name, json_text)
+                make_encoder(name, json_text, split_special)
             except Exception:  # noqa: BLE001 - the run loads it again and reports the error
                 pass
     thread = threading.Thread(target=build, name="flat-tokens-prefetch", daemon=True)
@@ -189,11 +201,11 @@ class GuardResult:
     problem: str | None
 
 
-def pre_run_guard(name: str, json_text: str, first_documents: list[str]) -> GuardResult:
+def pre_run_guard(name: str, json_text: str, first_documents: list[str], split_special: bool = False) -> GuardResult:
     """Compares a backend with the reference on tricky strings and the first documents."""
     if name == HF:
         return GuardResult(HF, None)
-    reference, candidate = make_encoder(HF, json_text), make_encoder(name, json_text)
+    reference, candidate = make_encoder(HF, json_text, split_special), make_encoder(name, json_text, split_special)
     first_documents = [bounded(t) for t in first_documents]
     while sum(map(len, first_documents)) > GUARD_FIRST_DOCUMENTS_CHARS and len(first_documents) > 1:
         first_documents = first_documents[: len(first_documents) // 2]
@@ -205,19 +217,20 @@ def pre_run_guard(name: str, json_text: str, first_documents: list[str]) -> Guar
     return GuardResult(name, None)
 
 
-def choose_backend(requested: str, json_text: str, first_documents: list[str]) -> tuple[str, str | None]:
+def choose_backend(requested: str, json_text: str, first_documents: list[str],
+                   split_special: bool = False) -> tuple[str, str | None]:
     """(backend to use, note or None). Raises BackendMismatch when an explicitly requested
     backend fails the guard; `auto` falls back to the reference instead, also when the fast
     backend is missing or cannot load this tokenizer (fastokens refuses some pre-tokenizers)."""
     if requested != AUTO:
-        result = pre_run_guard(requested, json_text, first_documents)
+        result = pre_run_guard(requested, json_text, first_documents, split_special)
         if result.problem:
             raise BackendMismatch(result.problem)
         return requested, None
     if not installed(FASTOKENS):
         return HF, None
     try:
-        result = pre_run_guard(FASTOKENS, json_text, first_documents)
+        result = pre_run_guard(FASTOKENS, json_text, first_documents, split_special)
     except Exception as e:  # a fast backend that cannot load this tokenizer.json: use the reference
         return HF, f"fastokens cannot load this tokenizer ({str(e)[:160]}); using hf"
     if result.problem:

@@ -19,7 +19,7 @@ import fsspec
 import numpy as np
 
 from transforms.progress import ProgressFile
-from transforms.read.inputs import PARQUET, format_of
+from transforms.read.inputs import PARQUET, absolute, format_of
 from transforms.records import DocumentBatch, TokenizedBatch, narrowest_ids
 from transforms.tokenize import backends
 from transforms.tokenize.dedup import content_digests
@@ -41,11 +41,13 @@ class TokenizerInfo:
     vocab_size: int
     backend: str = backends.HF
     check_fraction: float = 0.0  # share of documents re-encoded with the reference backend
+    split_special_tokens: bool = False  # special-token text in documents encoded as text (backends.py)
 
     def provenance(self) -> dict:
         return {"spec": self.spec, "kind": self.kind, "sha256": self.sha256, "vocab_size": self.vocab_size,
                 "backend": self.backend, "backend_version": backends.version_of(self.backend),
-                "checked_fraction": self.check_fraction if self.backend != backends.HF else None}
+                "checked_fraction": self.check_fraction if self.backend != backends.HF else None,
+                "split_special_tokens": self.split_special_tokens}
 
 
 def _looks_like_hub_name(spec: str) -> bool:
@@ -115,23 +117,28 @@ def _parse(json_text: str, spec: str):
 
 
 def resolve_tokenizer(spec: str, storage_options: dict | None = None, backend: str = backends.HF,
-                      first_documents: list[str] = (), check_fraction: float = 0.001) -> TokenizerInfo:
+                      first_documents: list[str] = (), check_fraction: float = 0.001,
+                      split_special_tokens: bool = False) -> TokenizerInfo:
     """Checks that a spec loads and picks the backend (guarded against the reference on
     tricky strings and `first_documents`). Runs when the pipeline is built."""
-    if spec == BYTES:
+    if spec == BYTES:  # it has no special tokens: --split_special_tokens changes nothing
         return TokenizerInfo(BYTES, BYTES, hashlib.sha256(_BYTES_IDENTITY).hexdigest(), 257, BYTES)
     text, kind = _load_json_text(spec, storage_options)
     tokenizer = _parse(text, spec)
     try:
-        chosen, warning = backends.choose_backend(backend, text, list(first_documents))
+        chosen, warning = backends.choose_backend(backend, text, list(first_documents), split_special_tokens)
     except backends.BackendMismatch as e:
         raise TokenizerError(str(e)) from None
     except (ImportError, ValueError) as e:
         raise TokenizerError(f"--tokenizer_backend {backend}: cannot be used ({e})") from None
     if warning:
         logging.getLogger(__name__).warning(warning)
-    return TokenizerInfo(spec, kind, hashlib.sha256(text.encode("utf-8")).hexdigest(),
-                         tokenizer.get_vocab_size(with_added_tokens=True), chosen, check_fraction)
+    # A file's spec made absolute: workers load it again, and provenance records it for
+    # `flat-tokens inspect` to decode with, from whatever directory either runs in.
+    return TokenizerInfo(absolute(spec) if kind == "file" else spec, kind,
+                         hashlib.sha256(text.encode("utf-8")).hexdigest(),
+                         tokenizer.get_vocab_size(with_added_tokens=True), chosen, check_fraction,
+                         split_special_tokens)
 
 
 def encode_bytes(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -151,9 +158,10 @@ def load_encoders(info: TokenizerInfo, storage_options: dict | None = None):
     if sha != info.sha256:
         raise TokenizerError(f"--tokenizer {info.spec}: its content changed while the job ran "
                              f"(sha256 {sha}, expected {info.sha256}); rerun with a fixed tokenizer file")
-    encoder = backends.make_encoder(info.backend, text)
+    split = info.split_special_tokens
+    encoder = backends.make_encoder(info.backend, text, split)
     checked = info.backend != backends.HF and info.check_fraction > 0
-    return encoder, backends.make_encoder(backends.HF, text) if checked else None
+    return encoder, backends.make_encoder(backends.HF, text, split) if checked else None
 
 
 def check_id_limit(top: int, spec: str) -> None:

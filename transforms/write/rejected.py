@@ -22,6 +22,7 @@ from fsspec.core import url_to_fs
 
 from transforms.read import jsonl
 from transforms.gcs import close_gcs_sessions_at_exit
+from transforms.write.ownership import OutputError
 
 close_gcs_sessions_at_exit()
 
@@ -74,6 +75,33 @@ def clear_reports(url: str, run_ids: list[str], storage_options: dict | None = N
     for old in fs.glob(posixpath.join(path, REPORT_GLOB)):
         if any(is_report_of(posixpath.basename(old), r) for r in run_ids):
             fs.rm(old)
+
+
+def check_writable(url: str, run_id: str, storage_options: dict | None = None) -> None:
+    """Refuses, at launch, a rejected-lines directory the report could not be written to: a
+    file, or a place where a probe object cannot be written (and deleted): inside the
+    directory when it exists, else beside it, where it will be made. The report is written
+    only after every line was read, when finding this would cost the whole run."""
+    fs, path = url_to_fs(url, **(storage_options or {}))
+    path = path.rstrip("/")
+    try:
+        if fs.isfile(path):
+            raise OutputError(f"--rejected_output {url}: is a file, not a directory; name a directory (it is made "
+                              f"when missing)")
+        if fs.isdir(path):
+            probe = posixpath.join(path, f".flat-tokens-write-check-{run_id}")
+        else:
+            parent = posixpath.dirname(path)
+            if parent:
+                fs.makedirs(parent, exist_ok=True)
+            probe = f"{path}.write-check-{run_id}"
+        fs.pipe(probe, b"")
+        fs.rm(probe)
+    except (OSError, ValueError) as e:
+        if isinstance(e, OutputError):
+            raise
+        raise OutputError(f"--rejected_output {url}: cannot write there ({type(e).__name__}: {e}); choose a "
+                          f"writable directory") from None
 
 
 class WriteReportFile(beam.DoFn):
