@@ -82,7 +82,6 @@ class Staged:
     shards: dict = field(default_factory=dict)  # job key -> {(split, shard): (chunks, record name)}
     chunks: dict = field(default_factory=dict)  # job key -> {(split, array, index)}
     arrays_key: str | None = None  # the job key arrays.json names
-    command: dict | None = None  # command.json
 
 
 class StagingArea:
@@ -141,14 +140,19 @@ class StagingArea:
         path = self.put(f"{UNITS}/{unit}/{place_name(place)}{IDS}", data)
         return path if self.local else None
 
-    def put_batch(self, unit: str, place: int, batch: TokenizedBatch) -> None:
-        """Stages a batch's documents (its ids are staged already): the batch counts from here."""
+    def batch_documents(self, batch: TokenizedBatch) -> bytes:
+        """What put_batch stages of a batch: everything but its ids (a few bytes per document)."""
         header = {"file_key": batch.file_key, "split": batch.split, "empty": int(batch.empty),
                   "ids_dtype": batch.ids.dtype.name, "ids": int(batch.ids.size), "local": self.local}
         arrays = {"offsets": batch.offsets, "lengths": batch.lengths}
         if batch.digests is not None:
             arrays["digests"] = batch.digests
-        self.put(f"{UNITS}/{unit}/{place_name(place)}{BATCH}", _npz(header, arrays))
+        return _npz(header, arrays)
+
+    def put_batch(self, unit: str, place: int, documents: bytes) -> None:
+        """Stages a batch's documents (batch_documents; its ids are staged already): the batch
+        counts from here."""
+        self.put(f"{UNITS}/{unit}/{place_name(place)}{BATCH}", documents)
 
     def put_unit(self, unit: str, account: dict) -> None:
         """Stages a unit's account, after its last batch was emitted: the unit counts once every
@@ -249,8 +253,6 @@ class StagingArea:
                 staged.units[unit] = name
         if ARRAYS in names:
             staged.arrays_key = self.arrays_key()
-        if COMMAND in names:
-            staged.command = self.read_json(COMMAND)
         return staged
 
     def _names(self) -> list[str]:

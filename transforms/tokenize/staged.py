@@ -30,7 +30,8 @@ class TokenizeAndStage(TokenizeBatches):
                  digests: bool = False):
         super().__init__(info, storage_options, progress_dir, digests)
         self._area = area  # transforms.staging.StagingArea
-        self._unchecked = deque()  # (unit, place, batch, its comparison or None): ids staged, documents not yet
+        # (unit, place, the batch's documents, its comparison or None): ids staged, documents not yet
+        self._unchecked = deque()
 
     def start_bundle(self):
         super().start_bundle()
@@ -43,7 +44,7 @@ class TokenizeAndStage(TokenizeBatches):
         for tokenized in super().process(batch):
             own = self._checking if self._checking is not before else None  # a new comparison: this batch's
             tokenized.ids_file = self._area.put_batch_ids(unit, place, tokenized.ids)
-            self._unchecked.append((unit, place, tokenized, own))
+            self._unchecked.append((unit, place, self._area.batch_documents(tokenized), own))
             self._stage_checked()
             yield tokenized
 
@@ -55,12 +56,12 @@ class TokenizeAndStage(TokenizeBatches):
         """Stages the documents of the waiting batches, in order, while their comparisons have
         passed (a difference raises here: that batch is never staged whole)."""
         while self._unchecked:
-            unit, place, tokenized, comparison = self._unchecked[0]
+            unit, place, documents, comparison = self._unchecked[0]
             if comparison is not None:
                 if not (wait or comparison.done()):
                     return
                 comparison.result()
-            self._area.put_batch(unit, place, tokenized)
+            self._area.put_batch(unit, place, documents)
             self._unchecked.popleft()
 
 
