@@ -198,7 +198,8 @@ class KeyByShard(beam.DoFn):
     """TokenizedBatch (or DistinctBatch) -> ((split, shard), ShardPart) for each shard its
     documents (or, with a mixture's `sampling` side input, their copies) hit. With a spill
     directory (local runners) the parts' ids go to disk and only references to them travel
-    on (transforms/shuffle/spill.py)."""
+    on (transforms/shuffle/spill.py); a batch staged on local disk (`ids_file`) is referred to
+    where it lies."""
 
     def __init__(self, seed: int, validation_fraction: float, num_shards: dict[str, int],
                  spill_dir: str | None = None, record_sources: list[int] | None = None,
@@ -231,7 +232,9 @@ class ShuffleGlobally(beam.PTransform):
     """TokenizedBatches (or DistinctBatches) -> (SortedShards, ShardSizes). Each split's
     shards, concatenated in shard order, are that split's documents in a seeded uniformly
     random order. With a mixture, `sampling` (a side input: transforms.read.mixture.sampling_plan)
-    says how many copies of each train document to make."""
+    says how many copies of each train document to make. The `finished` shards (written by an
+    earlier attempt of the same job, transforms/staging.py) get no parts: their sizes come
+    from their records (transforms/write/finished.py)."""
 
     def __init__(self, seed: int, validation_fraction: float, num_shards: dict[str, int],
                  sampling=None, source_of_input: list[int] | None = None, spill_dir: str | None = None,
