@@ -177,10 +177,11 @@ def create_split(target: StoreTarget, split: str, tokens: int, sequences: int) -
 
 def open_array(target: StoreTarget, split: str, name: str):
     store = make_store(child_url(target.url, split), target.storage_options)
-    # Every chunk is written, even all-zero ones (the commit counts written chunks); zarr
-    # does not store this setting, so it is given again on each open.
-    return zarr.open_array(store=store, path=name, mode="r+", zarr_format=target.zarr_format,
-                           config={"write_empty_chunks": True})
+    # Every chunk is stored, even all-zero ones: a missing chunk is an error for verify and
+    # the reader, never zeros. zarr does not store this setting, and zarr 3.1's open_array
+    # ignores its `config` for an existing array, so it is set on the opened array.
+    array = zarr.open_array(store=store, path=name, mode="r+", zarr_format=target.zarr_format)
+    return array.with_config({"write_empty_chunks": True})
 
 
 class ChunkWriter:
