@@ -173,7 +173,7 @@ def main(argv=None) -> int:
         check_options(ft)
         found = zarr_store.refuse_occupied(ft.output, ft.overwrite)  # before any data is read
         plan = plan_job(ft)
-        plan.expected_owner = found.owner  # CreateOutput replaces only this, or stops
+        plan.expected_owner = (*found.owner, found.committed)  # CreateOutput replaces only this, or stops
         inputs = [f.url for f in plan.files] + _tokenizer_file(ft.tokenizer) + ([ft.mixture] if ft.mixture else [])
         refuse_overlaps(ft.output, inputs, plan.rejected_url)
         zarr_store.check_writable(plan.target)
