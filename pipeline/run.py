@@ -155,6 +155,20 @@ def _tokenizer_file(spec: str) -> list[str]:
     return [spec] if spec != "bytes" and ("://" in spec or os.path.exists(spec)) else []
 
 
+def check_summary_path(path: str) -> None:
+    """--summary_json must be writable before any data is read: a run must not fail, after
+    its dataset is committed, for want of a place to say so."""
+    existed = os.path.lexists(path)
+    try:
+        with open(path, "a"):
+            pass
+        if not existed:
+            os.remove(path)
+    except OSError as e:
+        raise OptionError(f"--summary_json {path}: cannot be written ({e.strerror or e}); "
+                          f"choose a path in a writable directory") from None
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--help" in argv or "-h" in argv:
@@ -171,6 +185,8 @@ def main(argv=None) -> int:
         if unknown:
             raise OptionError(f"unknown option {unknown[0]}; see --help")
         check_options(ft)
+        if ft.summary_json:
+            check_summary_path(ft.summary_json)
         found = zarr_store.refuse_occupied(ft.output, ft.overwrite)  # before any data is read
         plan = plan_job(ft)
         plan.expected_owner = (*found.owner, found.committed)  # CreateOutput replaces only this, or stops
@@ -198,10 +214,25 @@ def main(argv=None) -> int:
                 spill.remove_directory(plan.spill_dir)
     if code is not None:
         return code
-    summary = summarize(ft.output, time.time() - started, plan.target.storage_options)
+    return _report(ft, plan, time.time() - started)
+
+
+def _report(ft, plan, wall_seconds: float) -> int:
+    """The summary of a committed dataset. Nothing here can fail the run any more: the
+    dataset is committed, and a scheduler must not be told otherwise."""
+    try:
+        summary = summarize(ft.output, wall_seconds, plan.target.storage_options)
+    except Exception as e:  # e.g. another run --overwrite replaced it already
+        logs.log().warning("flat-tokens: warning: %s is committed, but its summary could not be read (%s: %s)",
+                           ft.output, type(e).__name__, e)
+        return 0
     if ft.summary_json:  # before printing: a closed stdout must not cost the scheduler its JSON
-        with open(ft.summary_json, "w") as f:
-            json.dump(summary, f, indent=2)
+        try:
+            with open(ft.summary_json, "w") as f:
+                json.dump(summary, f, indent=2)
+        except OSError as e:
+            logs.log().warning("flat-tokens: warning: --summary_json %s: cannot be written (%s); %s is committed",
+                               ft.summary_json, e.strerror or e, ft.output)
     print(format_summary(summary))
     return 0
 
