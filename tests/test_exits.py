@@ -1,14 +1,18 @@
-"""How a run ends when it cannot report: a --summary_json that cannot be written is refused
-before any data is read, and never turns a committed dataset into a reported failure. Real
-runs in subprocesses, changed at observed moments."""
+"""How a run ends when it is stopped or cannot report: SIGTERM and SIGINT end it like a
+failure (its temporary files removed, its workers stopped, one line, exit 143 / 130); a
+later run removes what killed runs of this tool left, and nothing else; a --summary_json
+that cannot be written is refused before any data is read, and never turns a committed
+dataset into a reported failure. Real runs in subprocesses, stopped at observed moments."""
+import json
 import os
+import signal
 import subprocess
 import sys
 import time
 
 import pytest
 
-from pipeline import verify
+from pipeline import scratch, verify
 from tests.helpers import REPO, run_pipeline, write_jsonl
 
 
@@ -41,6 +45,77 @@ def wait_until_spilled(proc, temp):
         time.sleep(0.005)
     assert proc.poll() is None, "the run ended before it could be stopped: " + proc.stderr.read()[-2000:]
 
+
+def processes_with(temp) -> list[int]:
+    """Live processes started with TMPDIR=temp: the run's launcher and workers."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if f"TMPDIR={temp}".encode() in f.read().split(b"\0"):
+                    with open(f"/proc/{pid}/stat") as s:
+                        if s.read().rsplit(")", 1)[1].split()[0] != "Z":
+                            found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.parametrize("signum, to_group, workers", [
+    (signal.SIGTERM, False, []),  # a scheduler, `docker stop`, `kill PID`
+    (signal.SIGINT, False, []),
+    (signal.SIGINT, True, ["--direct_num_workers=2", "--direct_running_mode=multi_processing"]),  # Ctrl-C
+    (signal.SIGTERM, False, ["--direct_num_workers=2", "--direct_running_mode=multi_processing"]),
+], ids=["sigterm", "sigint", "ctrl-c-with-workers", "sigterm-with-workers"])
+def test_a_stopped_run_removes_its_temporary_files_and_says_so_in_one_line(tmp_path, corpus, signum, to_group,
+                                                                           workers):
+    temp = tmp_path / "tmp"
+    (temp / "beam-pipeline-tempsomeone").mkdir(parents=True)  # another program's: stays
+    out = tmp_path / "out.zarr"
+    proc = start(temp, *args(corpus, out, *workers))
+    wait_until_spilled(proc, temp)
+    (os.killpg if to_group else os.kill)(proc.pid, signum)
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 128 + signum, stderr
+    lines = stderr.strip().splitlines()
+    name = signal.Signals(signum).name
+    assert lines == [f"flat-tokens: stopped by {name} before the run finished; {out} was not committed by this "
+                     f"run (`flat-tokens verify` shows what is there); its temporary files are removed"], stderr
+    assert sorted(os.listdir(temp)) == ["beam-pipeline-tempsomeone"]
+    for _ in range(2000):  # the workers were told to stop: they must go
+        if not processes_with(temp):
+            break
+        time.sleep(0.01)
+    assert not processes_with(temp)
+
+
+def test_a_later_run_removes_what_killed_runs_of_this_tool_left_and_nothing_else(tmp_path, corpus):
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    proc = start(temp, *args(corpus, tmp_path / "killed.zarr"))
+    wait_until_spilled(proc, temp)
+    os.killpg(proc.pid, signal.SIGKILL)  # nothing can clean up after this but a later run
+    proc.wait()
+    left = sorted(os.listdir(temp))
+    assert [n.split("-")[2] for n in left] == ["progress", "shuffle"], left
+    live = temp / "flat-tokens-shuffle-a-live-run"  # a run still going (this process stands for it)
+    live.mkdir()
+    scratch.mark(str(live))
+    older = temp / "flat-tokens-progress-of-an-older-version"  # no owner record: who knows
+    older.mkdir()
+    (older / "totals.json").write_text("{}")
+    for name in ("beam-pipeline-tempother", "my-files"):
+        (temp / name).mkdir()
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    (temp / "flat-tokens-progress-of-an-ended-run").mkdir()
+    (temp / "flat-tokens-progress-of-an-ended-run" / scratch.OWNER).write_text(json.dumps({
+        **json.loads((live / scratch.OWNER).read_text()), "pid": ended.pid}))
+    src = write_jsonl(tmp_path / "small.jsonl", ["one document", "another one"])
+    run_pipeline("--input", src, "--tokenizer", "bytes", "--output", tmp_path / "later.zarr",
+                 env={"TMPDIR": str(temp)})
+    assert sorted(os.listdir(temp)) == sorted(["beam-pipeline-tempother", "my-files", live.name, older.name])
+    assert (older / "totals.json").exists() and (live / scratch.OWNER).exists()
 
 
 # ---------------------------------------------------------------------------------------------
