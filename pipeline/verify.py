@@ -211,8 +211,11 @@ def check_split(group: zarr.Group, name: str, block: int, stored: tuple | None =
         tok = _member_array(group, "encoded_tokens", 4)
         st = _member_array(group, "seq_starts", 8)
         if stored is not None:
-            lost = [p for member, arr in (("encoded_tokens", tok), ("seq_starts", st))
-                    for p in check_stored(stored[0], f"{stored[1]}/{member}", member, arr)]
+            arrays = [("encoded_tokens", tok), ("seq_starts", st)]
+            extension = group.get("seq_sources")  # optional (--record_sources): stored whole too
+            if isinstance(extension, zarr.Array) and len(extension.shape) == 1:
+                arrays.append(("seq_sources", extension))
+            lost = [p for member, arr in arrays for p in check_stored(stored[0], f"{stored[1]}/{member}", member, arr)]
             if lost:  # the walk would read zeros there: its findings would only add noise
                 raise _Stop("; ".join(lost))
         attr_max, attr_problem = read_max_token_id(group.attrs)

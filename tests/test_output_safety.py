@@ -148,6 +148,22 @@ def test_overwrite_replaces_this_tools_outputs_and_nothing_beside_them(tmp_path,
     assert (tmp_path / "sibling.txt").read_text() == "beside the output\n"
 
 
+def test_the_optional_seq_sources_array_is_this_tools_too(tmp_path, small_input):
+    """A split's `seq_sources` (the per-sequence sources extension) is an array the layout
+    writes: an output holding one is replaced, and a file beside its chunks is not ours."""
+    out = tmp_path / "out.zarr"
+    run_pipeline("--input", small_input, *BYTES, "--output", out)
+    sources = zarr.open_group(str(out / "train"), mode="r+").create_array(
+        "seq_sources", shape=(40,), dtype="uint16", chunks=(16,), config={"write_empty_chunks": True})
+    sources[...] = np.zeros(40, np.uint16)
+    assert ownership.inspect_output(str(out)).kind == "dataset"
+    (out / "train" / "seq_sources" / "notes.txt").write_text("mine\n")
+    assert ownership.inspect_output(str(out)).foreign == ("train/seq_sources/notes.txt",)
+    (out / "train" / "seq_sources" / "notes.txt").unlink()
+    run_pipeline("--input", small_input, *BYTES, "--output", out, "--overwrite")
+    assert not (out / "train" / "seq_sources").exists()
+
+
 def test_a_users_file_that_appears_while_the_output_is_replaced_is_left_there(tmp_path, small_input):
     """The check before deleting passed; then someone puts a file into train/. The deletion
     removes only what the layout wrote, object by object, and refuses what is left."""

@@ -296,6 +296,17 @@ def test_missing_chunks_of_both_arrays_are_listed_together(tmp_path, fmt):
     assert "2 = elements [6, 9), 3 = elements [9, 12)" in problem
 
 
+def test_a_missing_chunk_of_the_seq_sources_extension_is_named(tmp_path, fmt):
+    """A split may carry the optional per-sequence `seq_sources` array: stored whole too."""
+    root = make_dataset(tmp_path / "o", {"train": LONG, "validation": EXAMPLE}, fmt)
+    group = zarr.open_group(f"{root}/train", mode="r+")
+    group.create_array("seq_sources", shape=(5,), dtype="uint16", chunks=(3,),
+                       config={"write_empty_chunks": True})[...] = np.array([0, 1, 0, 1, 1], np.uint16)
+    assert verify_dataset(root) == []
+    os.remove(chunk_path(root, "train", "seq_sources", 0, fmt))
+    only(verify_dataset(root), "train: seq_sources: 1 of 2 chunks missing from storage (0 = elements [0, 3))")
+
+
 def test_shards_are_counted_by_listing_a_partial_last_shard_included(tmp_path):
     """zarr 3.1's nchunks_initialized counts a stored shard's every inner chunk, so a partial
     last shard overcounts; the check lists shard objects: 26 tokens in shards of 12 is 3."""

@@ -52,7 +52,9 @@ CLAIM_PREFIX = ".flat-tokens-run."
 CONFLICT_PREFIX = ".flat-tokens-conflict."
 LEASE_PREFIX = ".flat-tokens-writing."
 SPLITS = ("train", "validation")
-ARRAYS = ("encoded_tokens", "seq_starts")
+# The arrays a split may hold: the format's two, and the optional per-sequence sources
+# extension (`seq_sources`, written with --record_sources).
+ARRAYS = ("encoded_tokens", "seq_starts", "seq_sources")
 ROOT_METADATA = (".zgroup", ".zattrs", "zarr.json")
 ARRAY_METADATA = (".zarray", ".zattrs", "zarr.json")
 DATASET_ENTRIES = frozenset(SPLITS + ROOT_METADATA)
