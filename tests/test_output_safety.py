@@ -633,7 +633,7 @@ class Run:
     def wait_until(self, condition, what):
         while self.proc.poll() is None and not condition():
             time.sleep(0.005)
-        assert self.proc.poll() is None, f"the run ended before {what}: {self.proc.stderr.read()[-3000:]}"
+        assert condition(), f"the run ended before {what}: {self.proc.stderr.read()[-3000:]}"
 
     def spilled(self) -> bool:
         return any(n.endswith(".ids") for _, _, files in os.walk(self.temp) for n in files)
