@@ -298,10 +298,13 @@ def test_missing_chunks_of_both_arrays_are_listed_together(tmp_path, fmt):
 
 def test_a_missing_chunk_of_the_seq_sources_extension_is_named(tmp_path, fmt):
     """A split may carry the optional per-sequence `seq_sources` array: stored whole too."""
-    root = make_dataset(tmp_path / "o", {"train": LONG, "validation": EXAMPLE}, fmt)
-    group = zarr.open_group(f"{root}/train", mode="r+")
-    group.create_array("seq_sources", shape=(5,), dtype="uint16", chunks=(3,),
-                       config={"write_empty_chunks": True})[...] = np.array([0, 1, 0, 1, 1], np.uint16)
+    splits = {"train": LONG, "validation": EXAMPLE}
+    root = make_dataset(tmp_path / "o", splits, fmt)
+    for name, seqs in splits.items():
+        group = zarr.open_group(f"{root}/{name}", mode="r+")
+        group.create_array("seq_sources", shape=(len(seqs),), dtype="uint16", chunks=(3,),
+                           config={"write_empty_chunks": True})[...] = np.arange(len(seqs), dtype=np.uint16) % 2
+    set_attrs(root, sources=["one", "two"])  # the names the ids stand for
     assert verify_dataset(root) == []
     os.remove(chunk_path(root, "train", "seq_sources", 0, fmt))
     only(verify_dataset(root), "train: seq_sources: 1 of 2 chunks missing from storage (0 = elements [0, 3))")
