@@ -76,7 +76,7 @@ class WriteOwnedChunks(beam.DoFn):
     def __init__(self, target: StoreTarget):
         self._target = target
         self._arrays = None
-        self._pending = None  # (what, futures) of the shard being written
+        self._pending = None  # (what, futures, lease) of the shard being written
 
     def setup(self):
         self._arrays = _ArrayCache(self._target)
@@ -102,33 +102,37 @@ class WriteOwnedChunks(beam.DoFn):
                   (SEQ_STARTS, seq_offset, starts, split.sequences + 1))
         if self._target.record_sources:  # the sources of the shard's sequences, laid out like their starts
             pieces += ((SEQ_SOURCES, seq_offset, shard.sources, split.sequences),)
+        what = f"{shard.split} shard {shard.shard}'s chunks"
+        t = self._target
+        lease = ownership.begin_write(t.url, t.run_id, what, t.storage_options)
         futures = []  # tracked before the first write starts, so that even a failure midway is settled
-        self._pending = (f"{shard.split} shard {shard.shard}'s chunks", futures)
+        self._pending = (what, futures, lease)
         yield from self._write(shard.split, pieces, futures)
 
     def finish_bundle(self):
         self._settle_pending()
 
     def _settle_pending(self, failed_bundle: bool = False):
-        """Waits for the shard in flight, then confirms the claim: even when a write failed,
-        or its bundle did (`failed_bundle`: its writes still ran), since part of it may have
-        landed after a takeover. Then raises the first failed write of a live bundle."""
+        """Waits for the shard in flight, then confirms the claim and gives its lease back:
+        even when a write failed, or its bundle did (`failed_bundle`: its writes still ran),
+        since part of it may have landed after a takeover. Then raises the first failed
+        write of a live bundle."""
         if self._pending is None:
             return
-        what, futures = self._pending
+        what, futures, lease = self._pending
         self._pending = None
         wait(futures)
         t = self._target
-        ownership.confirm_written(t.url, t.run_id, what, t.storage_options)
+        ownership.confirm_written(t.url, t.run_id, what, t.storage_options, lease)
         if not failed_bundle:
             for written in futures:
                 written.result()
 
     def _write(self, split, pieces, futures: list | None = None):
         """Writes the pieces' owned chunks: before returning, or (given `futures`) on the
-        pool, adding each chunk's future to `futures`. Checks the claim first."""
+        pool, adding each chunk's future to `futures`. The caller holds a lease (it checked
+        the claim) and confirms the writes once they have landed."""
         t = self._target
-        ownership.check_owner(t.url, t.run_id, t.storage_options, doing=f"about to write {split} chunks")
         for name, start, values, length in pieces:
             array = self._arrays.get(split, name)
             put = array.write if futures is None else lambda a, v, array=array: futures.extend(array.submit(a, v))
@@ -140,12 +144,13 @@ class WriteEndMarkers(WriteOwnedChunks):
     """Writes each split's last seq_starts entry (= its token count), which no shard owns."""
 
     def process(self, _, layout, ready):
+        t = self._target
         for split in SPLITS:
             total = layout[split]
             marker = np.array([total.tokens], dtype=np.uint64)
-            yield from self._write(split, ((SEQ_STARTS, total.sequences, marker, total.sequences + 1),))
-            ownership.confirm_written(self._target.url, self._target.run_id, f"{split} chunks",
-                                      self._target.storage_options)
+            with ownership.fenced(t.url, t.run_id, f"{split}'s end marker", t.storage_options):
+                written = list(self._write(split, ((SEQ_STARTS, total.sequences, marker, total.sequences + 1),)))
+            yield from written
 
 
 class WriteSharedChunks(beam.DoFn):

@@ -12,9 +12,10 @@ class CreateOutput(beam.DoFn):
     see transforms/write/ownership.py), clears the replaced runs' rejected-line reports, and
     creates both splits' arrays at their final shapes.
 
-    `expected_owner`: the (claim generation, run id) the launcher found at the output."""
+    `expected_owner`: the (claim generation, run id, committed) the launcher found at the output."""
 
-    def __init__(self, target: StoreTarget, overwrite: bool, rejected_url: str, expected_owner: tuple = (0, "")):
+    def __init__(self, target: StoreTarget, overwrite: bool, rejected_url: str,
+                 expected_owner: tuple = (0, "", False)):
         self._target = target
         self._overwrite = overwrite
         self._rejected_url = rejected_url
@@ -23,8 +24,8 @@ class CreateOutput(beam.DoFn):
     def process(self, _, layout):
         replaced = store.prepare_output(self._target, self._overwrite, self._expected_owner)
         rejected.clear_reports(self._rejected_url, replaced, self._target.storage_options)
-        for split in SPLITS:
-            store.create_split(self._target, split, layout[split].tokens, layout[split].sequences)
-        ownership.check_owner(self._target.url, self._target.run_id, self._target.storage_options,
-                              doing="creating its arrays")
+        t = self._target
+        with ownership.fenced(t.url, t.run_id, "its arrays", t.storage_options):
+            for split in SPLITS:
+                store.create_split(t, split, layout[split].tokens, layout[split].sequences)
         yield True
