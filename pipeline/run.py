@@ -26,6 +26,7 @@ from fsspec.core import url_to_fs
 
 from pipeline import VERSION, allocator
 from pipeline.graph import build_pipeline
+from pipeline.environment import worker_environment, workers_see_launcher_disk
 from pipeline.plan import plan_job
 from pipeline.options import FlatTokensOptions, OptionError, ViewsMadeOnce, check_options, help_text, unknown_options
 from transforms.shuffle import spill
@@ -43,9 +44,6 @@ PIPELINE_FAILED = 1
 def _fail(message: str, code: int) -> int:
     print(f"flat-tokens: error: {message}", file=sys.stderr)
     return code
-
-
-LOCAL_RUNNERS = {None, "DirectRunner", "FnApiRunner", "BundleBasedDirectRunner", "SwitchingDirectRunner"}
 
 
 def in_process_runner(options: PipelineOptions):
@@ -68,7 +66,7 @@ def in_process_runner(options: PipelineOptions):
             return super().run_via_runner_api(pipeline_proto, options)
 
     encoded = JobServiceHandle.encode_pipeline_options(options.get_all_options())
-    return FnApiRunner(provision_info=fn_runner.ExtendedProvisionInfo(
+    return FnApiRunner(default_environment=worker_environment(options), provision_info=fn_runner.ExtendedProvisionInfo(
         beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded)))
 
 
@@ -171,6 +169,7 @@ def main(argv=None) -> int:
         if unknown:
             raise OptionError(f"unknown option {unknown[0]}; see --help")
         check_options(ft)
+        local = workers_see_launcher_disk(options)  # checks --environment_type too
         found = zarr_store.refuse_occupied(ft.output, ft.overwrite)  # before any data is read
         plan = plan_job(ft)
         plan.expected_owner = found.owner  # CreateOutput replaces only this, or stops
@@ -181,7 +180,6 @@ def main(argv=None) -> int:
         return _fail(str(e), USAGE_ERROR)
 
     started = time.time()
-    local = options.view_as(StandardOptions).runner in LOCAL_RUNNERS
     if local:
         tuned = allocator.keep_freed_memory_for_reuse()
         logs.log().debug("malloc keeps freed memory for reuse: %s", tuned)
