@@ -18,11 +18,17 @@ from concurrent.futures import ThreadPoolExecutor, wait
 import apache_beam as beam
 import numpy as np
 
+from transforms.progress import counter, show_written
 from transforms.records import SortedShard
 from transforms.write import layout as plan
 from transforms.write import ownership
 from transforms.write import zarr_store as store
 from transforms.write.zarr_store import SEQ_STARTS, SPLITS, TOKENS, StoreTarget
+
+
+# The counter of chunks (write blocks: shard objects with zarr 3 sharding) written, as the
+# commit counts them.
+CHUNKS_WRITTEN = "chunks_written"
 
 
 class _ArrayCache:
@@ -100,6 +106,7 @@ class WriteOwnedChunks(beam.DoFn):
         starts = (np.cumsum(shard.lengths) - shard.lengths).astype(np.uint64) + np.uint64(token_offset)
         pieces = ((TOKENS, token_offset, shard.tokens, split.tokens),
                   (SEQ_STARTS, seq_offset, starts, split.sequences + 1))
+        show_written(shard.split, int(shard.lengths.size), int(shard.tokens.size))
         futures = []  # tracked before the first write starts, so that even a failure midway is settled
         self._pending = (f"{shard.split} shard {shard.shard}'s chunks", futures)
         yield from self._write(shard.split, pieces, futures)
@@ -131,7 +138,11 @@ class WriteOwnedChunks(beam.DoFn):
             array = self._arrays.get(split, name)
             put = array.write if futures is None else lambda a, v, array=array: futures.extend(array.submit(a, v))
             for kind, item in write_region(put, start, values, t.write_block(name), length, split, name):
-                yield item if kind == "receipt" else beam.pvalue.TaggedOutput(self.FRAGMENTS, item)
+                if kind == "receipt":
+                    counter(CHUNKS_WRITTEN).inc(item[2])
+                    yield item
+                else:
+                    yield beam.pvalue.TaggedOutput(self.FRAGMENTS, item)
 
 
 class WriteEndMarkers(WriteOwnedChunks):
@@ -173,6 +184,7 @@ class WriteSharedChunks(beam.DoFn):
         t = self._target
         with ownership.fenced(t.url, t.run_id, f"{split}/{name} chunk {index}", t.storage_options):
             self._arrays.get(split, name).write(a, np.concatenate([v for _, v in fragments]))
+        counter(CHUNKS_WRITTEN).inc()
         yield split, name, 1
 
     def teardown(self):
