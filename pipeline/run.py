@@ -24,7 +24,7 @@ import apache_beam as beam  # noqa: E402
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions, StandardOptions
 from fsspec.core import url_to_fs
 
-from pipeline import VERSION, allocator
+from pipeline import VERSION, allocator, cloud
 from pipeline.graph import build_pipeline
 from pipeline.environment import worker_environment, workers_see_launcher_disk
 from pipeline.plan import plan_job
@@ -170,6 +170,7 @@ def main(argv=None) -> int:
             raise OptionError(f"unknown option {unknown[0]}; see --help")
         check_options(ft)
         local = workers_see_launcher_disk(options)  # checks --environment_type too
+        cloud.check_gcs_reachable(cloud.urls_of(ft))  # in seconds, not after gcsfs's retries
         found = zarr_store.refuse_occupied(ft.output, ft.overwrite)  # before any data is read
         plan = plan_job(ft)
         plan.expected_owner = found.owner  # CreateOutput replaces only this, or stops
