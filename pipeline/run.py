@@ -31,6 +31,7 @@ from pipeline.plan import plan_job
 from pipeline.options import FlatTokensOptions, OptionError, ViewsMadeOnce, check_options, help_text, unknown_options
 from transforms.shuffle import spill
 from transforms.write import zarr_store
+from transforms.write.object_trees import tree_size
 from transforms.read.inputs import InputError
 from transforms.read.mixture import source_table
 from transforms.write.ownership import refuse_overlaps
@@ -80,7 +81,7 @@ def local_temp_root(options: PipelineOptions) -> str | None:
 def output_bytes(url: str, storage_options: dict | None = None) -> int | None:
     try:
         fs, path = url_to_fs(url, **(storage_options or {}))
-        return int(fs.du(path))
+        return tree_size(fs, path)  # in bounded memory: a dataset holds one object per chunk
     except (OSError, ValueError, NotImplementedError):
         return None
 

@@ -31,6 +31,8 @@ from dataclasses import dataclass
 
 from fsspec.core import url_to_fs
 
+from transforms.write.object_trees import remove_tree
+
 OWN_PREFIX = ".flat-tokens-"  # every top-level name this tool writes for itself starts so
 CLAIM_PREFIX = ".flat-tokens-run."
 CONFLICT_PREFIX = ".flat-tokens-conflict."
@@ -334,7 +336,10 @@ def remove_replaced(url: str, run_id: str, storage_options: dict | None = None) 
             continue
         check_owner(url, run_id, storage_options, doing="replacing the old output")  # deletions can be long
         try:
-            fs.rm(f"{path}/{name}", recursive=is_dir)
+            if is_dir:
+                remove_tree(fs, f"{path}/{name}")  # page by page: a split holds one object per chunk
+            else:
+                fs.rm(f"{path}/{name}")
         except FileNotFoundError:  # another attempt of this step removed it already
             pass
     fs.invalidate_cache(path)

@@ -1,0 +1,81 @@
+"""Deleting and sizing a directory of many objects in bounded memory.
+
+A dataset holds one object per chunk: ~890,000 for 1 TB of text with the default chunks,
+more with smaller ones. gcsfs lists a whole tree before it deletes or sizes it, and keeps
+~3.5 KB per object while it does (measured with the GCS emulator: 72 MB for 20,000
+objects), so replacing a 1 TB dataset with --overwrite would take ~3 GB on the worker
+that runs CreateOutput, and the launcher's summary as much (docs/design.md, "1 TB of
+text"). On GCS these functions list one page of names (at most 1,000) at a time; a local
+directory is walked entry by entry. Other filesystems use fsspec's own calls.
+"""
+import os
+
+PAGE = 1000  # objects per listing page: GCS's maximum
+
+
+def _is_gcs(fs) -> bool:
+    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+    return protocol in ("gs", "gcs")
+
+
+def _is_local(fs) -> bool:
+    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+    return protocol in ("file", "local")
+
+
+def _gcs_pages(fs, path: str, fields: str, page: int = PAGE):
+    """Yields the pages of a GCS listing under directory `path`: lists of (at most `page`)
+    object resources with only `fields` (e.g. "name", "size"), in name order."""
+    bucket, key, _ = fs.split_path(path)
+    prefix = key.rstrip("/") + "/" if key else ""
+    token = None
+    while True:
+        listed = fs.call("GET", "b/{}/o", bucket, json_out=True, prefix=prefix, maxResults=page,
+                         pageToken=token, fields=f"items({fields}),nextPageToken")
+        items = listed.get("items", [])
+        if items:
+            yield bucket, items
+        token = listed.get("nextPageToken")
+        if not token:
+            return
+
+
+def remove_tree(fs, path: str, page: int = PAGE) -> None:
+    """Deletes directory `path` and everything under it; FileNotFoundError when it holds nothing."""
+    if not _is_gcs(fs):
+        fs.rm(path, recursive=True)
+        return
+    removed = 0
+    for bucket, items in _gcs_pages(fs, path, "name", page):
+        names = [f"{bucket}/{item['name']}" for item in items]
+        try:
+            fs.rm(names)
+        except FileNotFoundError:  # another attempt of this step deleted them already
+            pass
+        removed += len(names)
+    fs.invalidate_cache(path)
+    if not removed:
+        raise FileNotFoundError(path)
+
+
+def tree_size(fs, path: str, page: int = PAGE) -> int:
+    """The bytes of every file under `path` (or of `path`, a file)."""
+    if _is_local(fs):
+        return _local_size(path)
+    if not _is_gcs(fs) or not fs.isdir(path):
+        return int(fs.du(path))
+    return sum(int(item.get("size", 0)) for _, items in _gcs_pages(fs, path, "size", page) for item in items)
+
+
+def _local_size(path: str) -> int:
+    if not os.path.isdir(path):
+        return os.path.getsize(path)
+    total, pending = 0, [path]
+    while pending:
+        with os.scandir(pending.pop()) as entries:
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    pending.append(entry.path)
+                elif entry.is_file(follow_symlinks=False):
+                    total += entry.stat(follow_symlinks=False).st_size
+    return total
