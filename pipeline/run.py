@@ -67,8 +67,10 @@ def in_process_runner(options: PipelineOptions):
             return super().run_via_runner_api(pipeline_proto, options)
 
     encoded = JobServiceHandle.encode_pipeline_options(options.get_all_options())
-    return FnApiRunner(default_environment=worker_environment(options), provision_info=fn_runner.ExtendedProvisionInfo(
-        beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded)))
+    # --environment_type: workers started elsewhere, by a command (pipeline/environment.py)
+    return FnApiRunner(default_environment=worker_environment(options),
+                       provision_info=fn_runner.ExtendedProvisionInfo(
+                           beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded)))
 
 
 def local_temp_root(options: PipelineOptions) -> str | None:
