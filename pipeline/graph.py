@@ -29,6 +29,7 @@ from transforms.write import CommitDataset
 
 from pipeline.plan import JobPlan
 from transforms.counts import SumCounts
+from transforms.progress import show_counts
 from transforms.records import TokenizedBatch
 from transforms.shuffle.shuffle_globally import count_copies
 from transforms.shuffle.weigh_sources import count_source_documents
@@ -73,6 +74,7 @@ def build_pipeline(p: beam.Pipeline, plan: JobPlan):
     counts = (
         tuple(counted)
         | "GatherCounts" >> beam.Flatten()
+        | "ShowCounts" >> beam.Map(show_counts)  # Beam counters: what a cluster shows while it runs
         | "SumCounts" >> beam.CombineGlobally(SumCounts()).without_defaults()
     )
     created = (

@@ -27,12 +27,14 @@ import apache_beam as beam  # noqa: E402
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions, StandardOptions
 from fsspec.core import url_to_fs
 
-from pipeline import VERSION, allocator, scratch
+from pipeline import VERSION, allocator, cloud, scratch
 from pipeline.graph import build_pipeline
+from pipeline.environment import worker_environment, workers_see_launcher_disk
 from pipeline.plan import plan_job
 from pipeline.options import (FlatTokensOptions, OptionError, ViewsMadeOnce, check_options, help_text,
                               unknown_option_message, unknown_options)
 from transforms.write import zarr_store
+from transforms.write.object_trees import tree_size
 from transforms.read.inputs import InputError
 from transforms.read.mixture import source_table
 from transforms.write import rejected
@@ -47,9 +49,6 @@ PIPELINE_FAILED = 1
 def _fail(message: str, code: int) -> int:
     print(f"flat-tokens: error: {message}", file=sys.stderr)
     return code
-
-
-LOCAL_RUNNERS = {None, "DirectRunner", "FnApiRunner", "BundleBasedDirectRunner", "SwitchingDirectRunner"}
 
 
 def in_process_runner(options: PipelineOptions):
@@ -72,8 +71,10 @@ def in_process_runner(options: PipelineOptions):
             return super().run_via_runner_api(pipeline_proto, options)
 
     encoded = JobServiceHandle.encode_pipeline_options(options.get_all_options())
-    return FnApiRunner(provision_info=fn_runner.ExtendedProvisionInfo(
-        beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded)))
+    # --environment_type: workers started elsewhere, by a command (pipeline/environment.py)
+    return FnApiRunner(default_environment=worker_environment(options),
+                       provision_info=fn_runner.ExtendedProvisionInfo(
+                           beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded)))
 
 
 def local_temp_root(options: PipelineOptions) -> str | None:
@@ -95,7 +96,7 @@ def check_local_temp_root(options: PipelineOptions) -> None:
 def output_bytes(url: str, storage_options: dict | None = None) -> int | None:
     try:
         fs, path = url_to_fs(url, **(storage_options or {}))
-        return int(fs.du(path))
+        return tree_size(fs, path)  # in bounded memory: a dataset holds one object per chunk
     except (OSError, ValueError, NotImplementedError):
         return None
 
@@ -272,7 +273,9 @@ def _main(argv, options, ft, stopping: _Stopping) -> int:
         if unknown:
             raise OptionError(unknown_option_message(argv, unknown[0]))
         check_options(ft)
-        if options.view_as(StandardOptions).runner in LOCAL_RUNNERS:
+        local = workers_see_launcher_disk(options)  # checks --environment_type too
+        cloud.check_gcs_reachable(cloud.urls_of(ft))  # in seconds, not after gcsfs's retries
+        if local:
             check_local_temp_root(options)
         if ft.summary_json:
             check_summary_path(ft.summary_json)
@@ -290,7 +293,6 @@ def _main(argv, options, ft, stopping: _Stopping) -> int:
         return _fail(str(e), USAGE_ERROR)
 
     started = time.time()
-    local = options.view_as(StandardOptions).runner in LOCAL_RUNNERS
     stopping.phase = "running"
     try:
         for path in scratch.remove_leftovers([None, local_temp_root(options)]):

@@ -18,11 +18,17 @@ from concurrent.futures import ThreadPoolExecutor, wait
 import apache_beam as beam
 import numpy as np
 
+from transforms.progress import counter, show_written
 from transforms.records import SortedShard
 from transforms.write import layout as plan
 from transforms.write import ownership
 from transforms.write import zarr_store as store
 from transforms.write.zarr_store import SEQ_SOURCES, SEQ_STARTS, SPLITS, TOKENS, StoreTarget, array_length
+
+
+# The counter of chunks (write blocks: shard objects with zarr 3 sharding) written, as the
+# commit counts them.
+CHUNKS_WRITTEN = "chunks_written"
 
 
 class _ArrayCache:
@@ -102,6 +108,7 @@ class WriteOwnedChunks(beam.DoFn):
                   (SEQ_STARTS, seq_offset, starts, split.sequences + 1))
         if self._target.record_sources:  # the sources of the shard's sequences, laid out like their starts
             pieces += ((SEQ_SOURCES, seq_offset, shard.sources, split.sequences),)
+        show_written(shard.split, int(shard.lengths.size), int(shard.tokens.size))
         what = f"{shard.split} shard {shard.shard}'s chunks"
         t = self._target
         lease = ownership.begin_write(t.url, t.run_id, what, t.storage_options)
@@ -137,7 +144,11 @@ class WriteOwnedChunks(beam.DoFn):
             array = self._arrays.get(split, name)
             put = array.write if futures is None else lambda a, v, array=array: futures.extend(array.submit(a, v))
             for kind, item in write_region(put, start, values, t.write_block(name), length, split, name):
-                yield item if kind == "receipt" else beam.pvalue.TaggedOutput(self.FRAGMENTS, item)
+                if kind == "receipt":
+                    counter(CHUNKS_WRITTEN).inc(item[2])
+                    yield item
+                else:
+                    yield beam.pvalue.TaggedOutput(self.FRAGMENTS, item)
 
 
 class WriteEndMarkers(WriteOwnedChunks):
@@ -180,6 +191,7 @@ class WriteSharedChunks(beam.DoFn):
         t = self._target
         with ownership.fenced(t.url, t.run_id, f"{split}/{name} chunk {index}", t.storage_options):
             self._arrays.get(split, name).write(a, np.concatenate([v for _, v in fragments]))
+        counter(CHUNKS_WRITTEN).inc()
         yield split, name, 1
 
     def teardown(self):

@@ -46,6 +46,7 @@ from fsspec.core import url_to_fs
 
 from transforms import processes
 from transforms.write.chunk_objects import ChunkObjects, chunk_objects
+from transforms.write.object_trees import remove_tree, walk_tree
 
 OWN_PREFIX = ".flat-tokens-"  # every top-level name this tool writes for itself starts so
 CLAIM_PREFIX = ".flat-tokens-run."
@@ -196,15 +197,11 @@ def _legacy_run_id(fs, path: str) -> str:
     return run_id
 
 
-def _tree(fs, base: str) -> dict[str, bool]:
-    """Every object and directory under `base`: relative path -> is a directory; listed fresh."""
+def _tree(fs, base: str):
+    """Pages of (path relative to `base`, is a directory) of everything under `base`, listed
+    fresh and page by page (a split holds one object per chunk: ~890,000 at 1 TB of text)."""
     fs.invalidate_cache(base)
-    try:
-        found = fs.find(base, withdirs=True, detail=True)
-    except FileNotFoundError:
-        return {}
-    return {posixpath.relpath(p.rstrip("/"), base): info.get("type") == "directory"
-            for p, info in found.items() if p.rstrip("/").startswith(base + "/")}
+    return walk_tree(fs, base)
 
 
 def _array_layouts(fs, split_path: str) -> dict[str, ChunkObjects | None]:
@@ -244,13 +241,17 @@ def foreign_in_split(fs, split_path: str) -> list[str]:
     """What inside one split's directory the layout did not write, relative to it
     (directories with a trailing "/", and nothing listed below a foreign directory)."""
     layouts = _array_layouts(fs, split_path)
-    foreign = []
-    for relative, is_dir in sorted(_tree(fs, split_path).items()):
-        if any(relative.startswith(f.rstrip("/") + "/") for f in foreign):
-            continue
-        if not written_by_layout(relative, is_dir, layouts):
-            foreign.append(relative + "/" if is_dir else relative)
-    return foreign
+    foreign, foreign_dirs = [], set()
+    for entries in _tree(fs, split_path):
+        for relative, is_dir in entries:
+            parts = relative.split("/")
+            if any("/".join(parts[:depth]) in foreign_dirs for depth in range(1, len(parts))):
+                continue
+            if not written_by_layout(relative, is_dir, layouts):
+                foreign.append(relative + "/" if is_dir else relative)
+                if is_dir:
+                    foreign_dirs.add(relative)
+    return sorted(foreign)
 
 
 def inspect_output(url: str, storage_options: dict | None = None, own_run_id: str = "") -> OutputState:
@@ -496,6 +497,15 @@ def release_claim(url: str, run_id: str, generation: int, storage_options: dict 
         _remove_if_present(fs, name)
 
 
+def _delete_fenced(url: str, run_id: str, split: str, fs, paths: list[str], storage_options: dict | None) -> None:
+    with fenced(url, run_id, f"the deletion of the replaced {split}/", storage_options):
+        try:
+            fs.rm(paths)  # gcsfs deletes a list in batch requests
+        except FileNotFoundError:  # an earlier attempt of this step got part of it
+            for p in paths:
+                _remove_if_present(fs, p)
+
+
 def _delete_split(url: str, run_id: str, split: str, storage_options: dict | None) -> None:
     """Deletes what the layout wrote in one split's directory, in fenced batches (each
     checks the claim before and after), data before metadata, so a deletion stopped midway
@@ -503,20 +513,24 @@ def _delete_split(url: str, run_id: str, split: str, storage_options: dict | Non
     fs, path = split_url(url, storage_options)
     base = f"{path}/{split}"
     layouts = _array_layouts(fs, base)
-    tree = _tree(fs, base)
-    ours = sorted((r for r, d in tree.items() if not d and written_by_layout(r, d, layouts)),
-                  key=lambda r: (posixpath.basename(r) in ARRAY_METADATA + ROOT_METADATA, r))
-    for i in range(0, len(ours), DELETE_BATCH):
-        batch = [f"{base}/{relative}" for relative in ours[i:i + DELETE_BATCH]]
-        with fenced(url, run_id, f"the deletion of the replaced {split}/", storage_options):
-            try:
-                fs.rm(batch)  # gcsfs deletes a list in batch requests
-            except FileNotFoundError:  # an earlier attempt of this step got part of it
-                for p in batch:
-                    _remove_if_present(fs, p)
+    metadata, directories = [], []  # deleted last: a deletion stopped midway leaves metadata naming its data
+    for entries in _tree(fs, base):
+        data = []
+        for relative, is_dir in entries:
+            if not written_by_layout(relative, is_dir, layouts):
+                continue
+            if is_dir:
+                directories.append(relative)
+            elif posixpath.basename(relative) in ARRAY_METADATA + ROOT_METADATA:
+                metadata.append(relative)
+            else:
+                data.append(relative)
+        for i in range(0, len(data), DELETE_BATCH):
+            _delete_fenced(url, run_id, split, fs, [f"{base}/{r}" for r in data[i:i + DELETE_BATCH]], storage_options)
+    if metadata:
+        _delete_fenced(url, run_id, split, fs, [f"{base}/{r}" for r in metadata], storage_options)
     if _is_local(fs):  # object stores have no directories to remove
-        ours_dirs = [r for r, d in tree.items() if d and written_by_layout(r, d, layouts)]
-        for relative in sorted(ours_dirs, key=lambda r: -r.count("/")) + [""]:
+        for relative in sorted(directories, key=lambda r: -r.count("/")) + [""]:
             try:
                 os.rmdir(os.path.join(base, relative))
             except OSError:
@@ -557,7 +571,10 @@ def remove_replaced(url: str, run_id: str, storage_options: dict | None = None) 
             continue
         with fenced(url, run_id, "the deletion of the replaced output", storage_options):
             try:
-                fs.rm(f"{path}/{name}", recursive=is_dir)
+                if is_dir:
+                    remove_tree(fs, f"{path}/{name}")  # page by page: it may hold many objects
+                else:
+                    fs.rm(f"{path}/{name}")
             except FileNotFoundError:  # another attempt of this step removed it already
                 pass
     fs.invalidate_cache(path)
