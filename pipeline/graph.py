@@ -31,6 +31,7 @@ from transforms.write import CommitDataset
 
 from pipeline.plan import JobPlan
 from transforms.counts import SumCounts
+from transforms.progress import show_counts
 from transforms.read.corpus import Corpus
 from transforms.records import TokenizedBatch
 from transforms.shuffle.shuffle_globally import count_copies
@@ -94,6 +95,7 @@ def build_pipeline(p: beam.Pipeline, plan: JobPlan):
     counts = (
         tuple(counted)
         | "GatherCounts" >> beam.Flatten()
+        | "ShowCounts" >> beam.Map(show_counts)  # Beam counters: what a cluster shows while it runs
         | "SumCounts" >> beam.CombineGlobally(SumCounts()).without_defaults()
     )
     created = (

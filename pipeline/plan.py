@@ -45,7 +45,7 @@ class JobPlan:
     rejected_url: str
     input_bytes: int = 0
     progress_dir: str | None = None  # local runs only: where workers leave progress totals
-    expected_owner: tuple = (0, "")  # (claim generation, run id) the launcher found at the output
+    expected_owner: tuple = (0, "", False)  # (claim generation, run id, committed) the launcher found at the output
     take_unfinished: bool = False  # it found no committed dataset: an unfinished output may be taken (resumed)
     spill_dir: str | None = None  # local runs only: where shard parts' ids wait for the sort (transforms/shuffle/spill.py)
     provenance: dict = field(default_factory=dict)

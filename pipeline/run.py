@@ -3,15 +3,18 @@
 Exit codes: 0 the dataset was written and committed (on Dataflow: the job was submitted;
 it commits the dataset when it succeeds); 1 the pipeline failed (the output is left
 uncommitted, and `pipeline.verify` rejects it); 2 a usage or configuration error, found
-before any data was read.
+before any data was read; 143 / 130 stopped by SIGTERM / SIGINT (its temporary files
+removed).
 """
 import contextlib
 import gc
 import json
 import logging
 import os
+import signal
 import sys
 import tempfile
+import threading
 import time
 
 from pipeline import logs  # noqa: I001 (before apache_beam: it filters Beam's import-time noise)
@@ -24,13 +27,14 @@ import apache_beam as beam  # noqa: E402
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions, StandardOptions
 from fsspec.core import url_to_fs
 
-from pipeline import VERSION, allocator, resume
+from pipeline import VERSION, allocator, cloud, resume, scratch
 from pipeline.graph import build_pipeline
+from pipeline.environment import worker_environment, workers_see_launcher_disk
 from pipeline.plan import plan_job
 from pipeline.options import (FlatTokensOptions, OptionError, ViewsMadeOnce, check_options, help_text,
                               unknown_option_message, unknown_options)
-from transforms.shuffle import spill
 from transforms.write import zarr_store
+from transforms.write.object_trees import tree_size
 from transforms.read.inputs import InputError
 from transforms.read.mixture import source_table
 from transforms.write import rejected
@@ -45,9 +49,6 @@ PIPELINE_FAILED = 1
 def _fail(message: str, code: int) -> int:
     print(f"flat-tokens: error: {message}", file=sys.stderr)
     return code
-
-
-LOCAL_RUNNERS = {None, "DirectRunner", "FnApiRunner", "BundleBasedDirectRunner", "SwitchingDirectRunner"}
 
 
 def in_process_runner(options: PipelineOptions):
@@ -70,8 +71,10 @@ def in_process_runner(options: PipelineOptions):
             return super().run_via_runner_api(pipeline_proto, options)
 
     encoded = JobServiceHandle.encode_pipeline_options(options.get_all_options())
-    return FnApiRunner(provision_info=fn_runner.ExtendedProvisionInfo(
-        beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded)))
+    # --environment_type: workers started elsewhere, by a command (pipeline/environment.py)
+    return FnApiRunner(default_environment=worker_environment(options),
+                       provision_info=fn_runner.ExtendedProvisionInfo(
+                           beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded)))
 
 
 def local_temp_root(options: PipelineOptions) -> str | None:
@@ -93,7 +96,7 @@ def check_local_temp_root(options: PipelineOptions) -> None:
 def output_bytes(url: str, storage_options: dict | None = None) -> int | None:
     try:
         fs, path = url_to_fs(url, **(storage_options or {}))
-        return int(fs.du(path))
+        return tree_size(fs, path)  # in bounded memory: a dataset holds one object per chunk
     except (OSError, ValueError, NotImplementedError):
         return None
 
@@ -172,6 +175,89 @@ def _tokenizer_file(spec: str) -> list[str]:
     return [spec] if spec != "bytes" and ("://" in spec or os.path.exists(spec)) else []
 
 
+def check_summary_path(path: str) -> None:
+    """--summary_json must be writable before any data is read: a run must not fail, after
+    its dataset is committed, for want of a place to say so."""
+    existed = os.path.lexists(path)
+    try:
+        with open(path, "a"):
+            pass
+        if not existed:
+            os.remove(path)
+    except OSError as e:
+        raise OptionError(f"--summary_json {path}: cannot be written ({e.strerror or e}); "
+                          f"choose a path in a writable directory") from None
+
+
+class _Stopping:
+    """SIGTERM (what schedulers and `docker stop` send) and SIGINT (Ctrl-C) end a run like a
+    failure: its temporary files removed, its worker processes stopped, one line, exit
+    128 + the signal (143, 130). Every local runner's worker thread dies with the process;
+    the output is left as a kill leaves it (the old dataset, or an unfinished output that
+    `verify` rejects; a rerun with --overwrite takes it over)."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self, output: str):
+        self.output = output
+        self.phase = "checking"  # then "running", then "committed"
+        self.directories: list[str] = []
+        self._saved = {}
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            self._saved = {s: signal.signal(s, self._stop) for s in self.SIGNALS}
+        return self
+
+    def __exit__(self, *exc):
+        for s, handler in self._saved.items():
+            signal.signal(s, handler)
+
+    def _stop(self, signum, frame):
+        for s in self.SIGNALS:  # a second signal while stopping must not interrupt the cleanup
+            signal.signal(s, signal.SIG_IGN)
+        # The runner's threads notice their workers stopping, and would print tracebacks: the
+        # one line below says what happened.
+        threading.excepthook = lambda args: None
+        logging.disable(logging.CRITICAL)
+        _stop_children()
+        for path in reversed(self.directories):
+            scratch.remove(path)
+        what = {"checking": "before the pipeline started; nothing was written",
+                "running": f"before the run finished; {self.output} was not committed by this run "
+                           f"(`flat-tokens verify` shows what is there); its temporary files are removed",
+                "committed": f"after {self.output} was committed; its temporary files are removed"}[self.phase]
+        print(f"flat-tokens: stopped by {signal.Signals(signum).name} {what}", file=sys.stderr)
+        logs.exit_process(128 + signum)
+
+
+def _stop_children() -> None:
+    """Sends SIGTERM to this process's descendants (multi_processing workers, which Beam
+    starts through a shell), which a signal sent to this process alone would leave running.
+    Linux (/proc) only; elsewhere they stop when their connection breaks."""
+    parents = {}
+    try:
+        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read()
+            parents[pid] = int(stat[stat.rfind(")") + 2:].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    ours, found = {os.getpid()}, True
+    while found:
+        found = {pid for pid, parent in parents.items() if parent in ours} - ours
+        ours |= found
+    for pid in ours - {os.getpid()}:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except OSError:
+            pass
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--help" in argv or "-h" in argv:
@@ -183,17 +269,26 @@ def main(argv=None) -> int:
     options = ViewsMadeOnce(argv)
     ft = options.view_as(FlatTokensOptions)
     logs.configure("verbose" if ft.verbose else "quiet" if ft.quiet else "info")
+    with _Stopping(ft.output) as stopping:
+        return _main(argv, options, ft, stopping)
+
+
+def _main(argv, options, ft, stopping: _Stopping) -> int:
     try:
         unknown = unknown_options(argv)
         if unknown:
             raise OptionError(unknown_option_message(argv, unknown[0]))
         check_options(ft)
-        if options.view_as(StandardOptions).runner in LOCAL_RUNNERS:
+        local = workers_see_launcher_disk(options)  # checks --environment_type too
+        cloud.check_gcs_reachable(cloud.urls_of(ft))  # in seconds, not after gcsfs's retries
+        if local:
             check_local_temp_root(options)
+        if ft.summary_json:
+            check_summary_path(ft.summary_json)
         # before any data is read; an unfinished output that this command made is resumed
         found = zarr_store.refuse_occupied(ft.output, ft.overwrite, resumable=resume.same_command(ft))
         plan = plan_job(ft)
-        plan.expected_owner = found.owner  # CreateOutput replaces only this, or stops
+        plan.expected_owner = (*found.owner, found.committed)  # CreateOutput replaces only this, or stops
         plan.take_unfinished = not found.committed
         # Files a directory input holds but does not read count too: an output among them
         # would be in the input directory, and its files read by a later run.
@@ -210,27 +305,47 @@ def main(argv=None) -> int:
         logs.log().info(resuming)
 
     started = time.time()
-    local = options.view_as(StandardOptions).runner in LOCAL_RUNNERS
-    if local:
-        tuned = allocator.keep_freed_memory_for_reuse()
-        logs.log().debug("malloc keeps freed memory for reuse: %s", tuned)
-    with tempfile.TemporaryDirectory(prefix="flat-tokens-progress-") as progress_dir:
-        if local and not ft.quiet:
-            plan.progress_dir = progress_dir
+    stopping.phase = "running"
+    try:
+        for path in scratch.remove_leftovers([None, local_temp_root(options)]):
+            logs.log().debug("removed %s, left by a run whose process has ended", path)
+        temp_dir = scratch.make_progress_directory()
+        stopping.directories.append(temp_dir)
         if local:
-            plan.spill_dir = spill.make_directory(plan.target.run_id, local_temp_root(options))
+            tuned = allocator.keep_freed_memory_for_reuse()
+            logs.log().debug("malloc keeps freed memory for reuse: %s", tuned)
+            if not ft.quiet:
+                plan.progress_dir = temp_dir
+            plan.spill_dir = scratch.make_spill_directory(plan.target.run_id, local_temp_root(options))
+            stopping.directories.append(plan.spill_dir)
             logs.log().debug("shard parts wait for the sort in %s", plan.spill_dir)
-        try:
+        with scratch.temporary_files_in(temp_dir):  # Beam's own temporary directory too
             code = _run(options, plan, ft)
-        finally:
-            if plan.spill_dir:
-                spill.remove_directory(plan.spill_dir)
+    finally:
+        for path in reversed(stopping.directories):
+            scratch.remove(path)
     if code is not None:
         return code
-    summary = summarize(ft.output, time.time() - started, plan.target.storage_options, plan.resume)
+    stopping.phase = "committed"
+    return _report(ft, plan, time.time() - started)
+
+
+def _report(ft, plan, wall_seconds: float) -> int:
+    """The summary of a committed dataset. Nothing here can fail the run any more: the
+    dataset is committed, and a scheduler must not be told otherwise."""
+    try:
+        summary = summarize(ft.output, wall_seconds, plan.target.storage_options, plan.resume)
+    except Exception as e:  # e.g. another run --overwrite replaced it already
+        logs.log().warning("flat-tokens: warning: %s is committed, but its summary could not be read (%s: %s)",
+                           ft.output, type(e).__name__, e)
+        return 0
     if ft.summary_json:  # before printing: a closed stdout must not cost the scheduler its JSON
-        with open(ft.summary_json, "w") as f:
-            json.dump(summary, f, indent=2)
+        try:
+            with open(ft.summary_json, "w") as f:
+                json.dump(summary, f, indent=2)
+        except OSError as e:
+            logs.log().warning("flat-tokens: warning: --summary_json %s: cannot be written (%s); %s is committed",
+                               ft.summary_json, e.strerror or e, ft.output)
     print(format_summary(summary))
     return 0
 

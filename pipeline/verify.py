@@ -8,7 +8,10 @@ Checks, for a dataset at a local path or fsspec URL (file://, gs://, ...), zarr 
   ``format == "flat-tokens"`` and ``complete is True``; otherwise the output is unfinished;
 * both splits ``train`` and ``validation`` exist and each is a flat-tokens array:
   ``encoded_tokens`` 1-D uint32, ``seq_starts`` 1-D uint64, an integer ``max_token_id``
-  attribute; ``seq_starts[0] == 0``, ``seq_starts[-1] == len(encoded_tokens)``, strictly
+  attribute;
+* every data object the arrays' shapes imply is stored: each chunk (with zarr v3 sharding,
+  each shard object), found by one listing per array. zarr reads a missing chunk as zeros,
+  which no other check could tell from data; ``seq_starts[0] == 0``, ``seq_starts[-1] == len(encoded_tokens)``, strictly
   increasing (no empty sequences); the start bit (``v & 1``) set exactly at ``seq_starts[:-1]``;
 * ``max_token_id`` is exact: for a non-empty split it equals the largest decoded id
   (``v >> 1``), because this pipeline writes the exact maximum. For an empty split there is
@@ -38,6 +41,7 @@ import zarr
 
 from pipeline import VERSION
 from transforms.gcs import close_gcs_sessions_at_exit
+from transforms.write.chunk_objects import chunk_objects, missing_objects
 from transforms.write.ownership import OWN_PREFIX, conflicts
 
 # After `import zarr`, so gcsfs sessions on zarr's event loop close before zarr stops it.
@@ -92,6 +96,7 @@ def check_dataset(url: str, *, block: int = DEFAULT_BLOCK, storage_options: dict
         # Data of an unfinished run may be half written: checking it would only add noise.
         return [unfinished] + conflicted, {}
     problems = conflicted + check_format(attrs)
+    fs, base = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
     summaries: dict[str, SplitSummary] = {}
     for name in SPLITS:
         if name not in root:
@@ -101,7 +106,7 @@ def check_dataset(url: str, *, block: int = DEFAULT_BLOCK, storage_options: dict
         if not isinstance(group, zarr.Group):
             problems.append(f"{name} must be a group, is an array")
             continue
-        split_problems, summary = check_split(group, name, block)
+        split_problems, summary = check_split(group, name, block, stored=(fs, f"{base.rstrip('/')}/{name}"))
         problems += split_problems
         if summary is not None:
             summaries[name] = summary
@@ -198,12 +203,22 @@ def _is_count(x) -> bool:
 # One split
 
 
-def check_split(group: zarr.Group, name: str, block: int) -> tuple[list[str], SplitSummary | None]:
-    """Checks one flat-tokens array; the summary is None when a structural problem stopped the walk."""
+def check_split(group: zarr.Group, name: str, block: int, stored: tuple | None = None
+                ) -> tuple[list[str], SplitSummary | None]:
+    """Checks one flat-tokens array; the summary is None when a structural problem stopped the walk.
+    `stored`: (filesystem, path of the split's directory), to check that every chunk is stored."""
     problems: list[str] = []
     try:
         tok = _member_array(group, "encoded_tokens", 4)
         st = _member_array(group, "seq_starts", 8)
+        if stored is not None:
+            arrays = [("encoded_tokens", tok), ("seq_starts", st)]
+            extension = group.get("seq_sources")  # optional (--record_sources): stored whole too
+            if isinstance(extension, zarr.Array) and len(extension.shape) == 1:
+                arrays.append(("seq_sources", extension))
+            lost = [p for member, arr in arrays for p in check_stored(stored[0], f"{stored[1]}/{member}", member, arr)]
+            if lost:  # the walk would read zeros there: its findings would only add noise
+                raise _Stop("; ".join(lost))
         attr_max, attr_problem = read_max_token_id(group.attrs)
         if attr_problem:
             problems.append(attr_problem)
@@ -231,6 +246,22 @@ def _member_array(group: zarr.Group, member: str, itemsize: int) -> zarr.Array:
     if len(arr.shape) != 1:
         raise _Stop(f"{member} has shape {arr.shape}, expected 1-D")
     return arr
+
+
+def check_stored(fs, array_path: str, member: str, arr: zarr.Array) -> list[str]:
+    """Every chunk (or shard object) the array's shape implies is stored: one listing."""
+    objects = chunk_objects(arr.metadata.to_dict())
+    if objects is None:
+        return [f"{member}: its chunk layout is not a regular 1-D grid; cannot check that every chunk is stored"]
+    lost = missing_objects(fs, array_path, objects)
+    if not lost:
+        return []
+    what = "shard objects" if getattr(arr, "shards", None) else "chunks"
+    n = arr.shape[0]
+    shown = ", ".join(f"{i} = elements [{i * objects.block}, {min(n, (i + 1) * objects.block)})" for i in lost[:5])
+    more = f" and {len(lost) - 5} more" if len(lost) > 5 else ""
+    return [f"{member}: {len(lost)} of {objects.count} {what} missing from storage ({shown}{more}); "
+            f"zarr would read them as zeros"]
 
 
 def read_max_token_id(attrs) -> tuple[int | None, str | None]:

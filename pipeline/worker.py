@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import shlex
+import signal
 import sys
 
 from pipeline import logs  # noqa: I001 (before apache_beam: our handler, so Beam's import-time warning is filtered)
@@ -45,7 +46,17 @@ def job_is_verbose(options_json: str | None) -> bool:
     return bool(found.get("verbose") or found.get("beam:option:verbose:v1"))
 
 
+def _stopped(signum, frame) -> None:
+    """SIGTERM: the launcher is stopping the run and passes it on to its workers. It says so
+    in one line; a worker ends without a traceback."""
+    os._exit(128 + signum)
+
+
 def main() -> None:
+    # Ctrl-C reaches every process of the terminal's group: a worker leaves it to the
+    # launcher, which stops its workers itself (SIGTERM) once it is ready to say why.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _stopped)
     if job_is_verbose(os.environ.get("PIPELINE_OPTIONS")):
         logs.configure("verbose")
     else:

@@ -1,4 +1,4 @@
-"""Smoke tests of benchmarks/bench_pipeline.py and bench_reader.py on tiny inputs: they run end to end and
+"""Smoke tests of benchmarks/bench_pipeline.py, bench_reader.py and simulate_scale.py on tiny inputs: they run end to end and
 report every field (no timing assertions: the numbers depend on the machine)."""
 import json
 import subprocess
@@ -93,6 +93,28 @@ def test_raw_limit_is_standalone_and_counts_every_token(tmp_path):
         assert "orjson" in imported and not imported & {"pipeline", "transforms", "benchmarks"}, imported
         counted = json.loads(proc.stdout.strip().splitlines()[-1])
         assert (counted["tokens"], counted["documents"]) == (expected, len(texts)), (backend, counted)
+
+
+def test_simulate_scale_smoke(tmp_path):
+    """benchmarks/simulate_scale.py on a small layout: every phase runs, the commit re-made from
+    the run's own parts matches what the run committed (the script asserts it), and the
+    projection has every row of docs/design.md's "1 TB of text" table."""
+    results = tmp_path / "scale.json"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "simulate_scale.py"), "--work", str(tmp_path / "work"),
+         "--documents", "3000", "--num_shards", "200", "--gcs_objects", "30", "--json", str(results)],
+        cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
+    r = json.loads(results.read_text())
+    m = r["measured"]
+    assert m["simulated"]["documents"] == 3000 and m["layout_commit"]["shards"] > 200
+    assert m["simulated"]["chunks"] == sum(v for k, v in m["run"]["objects"].items() if k != "all")
+    assert m["gcs"]["gcsfs_find"]["result"] == 30 and m["shard"]["tokens"] > 15_000_000
+    rows = [row[0] for row in r["projection"]]
+    for row in ("shuffle shards (auto)", "zarr chunks (objects)", "objects written", "layout side input",
+                "receipts side input (commit)", "commit step", "launcher: job graph", "CPU", "Dataflow workers"):
+        assert row in rows, rows
+    assert not (tmp_path / "work").exists()
 
 
 def test_bench_resume_smoke(tmp_path):

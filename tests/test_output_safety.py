@@ -1,18 +1,26 @@
 """Never delete what is not ours: --overwrite replaces only an empty directory or this tool's
-own output; outputs that hold inputs or the rejected-lines directory are refused; a user's
-files in the rejected-lines directory survive; two runs racing for one output never leave a
-mixture that verifies nor delete a committed result silently; a truncated compressed input
-is named. Every case checks that the user's unrelated files survive byte for byte."""
+own output, checked down the whole tree; outputs that hold inputs or the rejected-lines
+directory are refused; a user's files in the rejected-lines directory survive; two runs
+racing for one output never leave a mixture that verifies nor delete a committed result
+silently, and a run taking over one that still writes waits for its writes in flight;
+`verify` finds a lost chunk; a truncated compressed input is named. Every case checks that
+the user's unrelated files survive byte for byte."""
 import dataclasses
 import gzip
 import hashlib
 import json
 import os
+import posixpath
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
 
+import fsspec
 import numpy as np
 import pytest
 import zarr
@@ -21,10 +29,11 @@ import zstandard
 from pipeline import verify
 from tests.gcs_emulator import BUCKET, gcs, gcs_corpus  # noqa: F401 - pytest fixtures
 from tests.helpers import REPO, check_flat_tokens, run_pipeline, write_jsonl
+from transforms import processes
 from transforms.records import SortedShard
 from transforms.write import layout as plan
-from transforms.write import CreateOutput
-from transforms.write.chunk_writers import WriteOwnedChunks
+from transforms.write import CreateOutput, ownership
+from transforms.write.chunk_writers import WriteEndMarkers, WriteOwnedChunks, WriteSharedChunks
 from transforms.write.commit import CommitFn
 from transforms.write.ownership import CONFLICT_PREFIX, OutputError, OutputTaken
 from transforms.write.zarr_store import StoreTarget
@@ -139,6 +148,36 @@ def test_overwrite_replaces_this_tools_outputs_and_nothing_beside_them(tmp_path,
     assert (tmp_path / "sibling.txt").read_text() == "beside the output\n"
 
 
+def test_the_optional_seq_sources_array_is_this_tools_too(tmp_path, small_input):
+    """A split's `seq_sources` (the per-sequence sources extension) is an array the layout
+    writes: an output holding one is replaced, and a file beside its chunks is not ours."""
+    out = tmp_path / "out.zarr"
+    run_pipeline("--input", small_input, *BYTES, "--output", out)
+    sources = zarr.open_group(str(out / "train"), mode="r+").create_array(
+        "seq_sources", shape=(40,), dtype="uint16", chunks=(16,), config={"write_empty_chunks": True})
+    sources[...] = np.zeros(40, np.uint16)
+    assert ownership.inspect_output(str(out)).kind == "dataset"
+    (out / "train" / "seq_sources" / "notes.txt").write_text("mine\n")
+    assert ownership.inspect_output(str(out)).foreign == ("train/seq_sources/notes.txt",)
+    (out / "train" / "seq_sources" / "notes.txt").unlink()
+    run_pipeline("--input", small_input, *BYTES, "--output", out, "--overwrite")
+    assert not (out / "train" / "seq_sources").exists()
+
+
+def test_a_users_file_that_appears_while_the_output_is_replaced_is_left_there(tmp_path, small_input):
+    """The check before deleting passed; then someone puts a file into train/. The deletion
+    removes only what the layout wrote, object by object, and refuses what is left."""
+    out = tmp_path / "out.zarr"
+    run_pipeline("--input", small_input, *BYTES, "--output", out)
+    ownership.claim(str(out), "run-b", 2)
+    (out / "train" / "NOTES.txt").write_text("written during the replacement\n")
+    with pytest.raises(OutputError, match=r"train/NOTES.txt appeared while this run replaced the output; this tool "
+                                          r"did not write it, so it was left there"):
+        ownership.remove_replaced(str(out), "run-b")
+    assert (out / "train" / "NOTES.txt").read_text() == "written during the replacement\n"
+    assert sorted(os.listdir(out / "train")) == ["NOTES.txt"]
+
+
 # ---------------------------------------------------------------------------------------------
 # 2. Outputs that hold an input or the rejected-lines directory
 
@@ -225,7 +264,7 @@ def test_a_run_whose_output_was_taken_over_stops_before_writing_and_cannot_commi
     a, shards, layout = small_job(tmp_path, "run-a")
     b = dataclasses.replace(a, run_id="run-b")
     list(CreateOutput(a, False, str(tmp_path / "rej")).process(None, layout))
-    list(CreateOutput(b, True, str(tmp_path / "rej"), expected_owner=(1, "run-a")).process(None, layout))
+    list(CreateOutput(b, True, str(tmp_path / "rej"), expected_owner=(1, "run-a", False)).process(None, layout))
     taken = digest(tmp_path / "o.zarr")
     writer = WriteOwnedChunks(a)
     writer.setup()
@@ -236,23 +275,82 @@ def test_a_run_whose_output_was_taken_over_stops_before_writing_and_cannot_commi
     assert digest(tmp_path / "o.zarr") == taken
 
 
-def test_a_write_that_may_have_landed_after_a_takeover_blocks_every_commit(tmp_path):
+def paused_writer(target, shard, layout):
+    """A WriteOwnedChunks of `target` stopped in the middle of writing `shard`: it took its
+    lease, checked its claim and started writing; `list(steps)` and `finish()` go on."""
+    writing = WriteOwnedChunks(target)
+    writing.setup()
+    writing.start_bundle()
+    steps = writing.process(shard, layout, True)
+    next(steps)
+    return steps, writing.finish_bundle
+
+
+def wait_for(condition, what):
+    """Polls a condition that another thread of this test makes true (no timing: it must come)."""
+    for _ in range(20000):
+        if condition():
+            return
+        time.sleep(0.005)
+    raise AssertionError(f"never happened: {what}")
+
+
+def test_a_takeover_waits_for_the_old_runs_write_in_flight_which_then_harms_nothing(tmp_path):
+    """Run B takes over run A's unfinished output while one of A's writes is in flight. B
+    claims the output, then waits for A's lease; A's write lands, A sees the takeover at its
+    check after the write and stops without a conflict record; only then does B delete A's
+    data and create its own arrays."""
+    a, shards, layout = small_job(tmp_path, "run-a")
+    b = dataclasses.replace(a, run_id="run-b")
+    out = tmp_path / "o.zarr"
+    list(CreateOutput(a, False, str(tmp_path / "rej")).process(None, layout))
+    steps, finish = paused_writer(a, shards[0], layout)
+    with ThreadPoolExecutor(1) as pool:
+        taking_over = pool.submit(lambda: list(CreateOutput(b, True, str(tmp_path / "rej"),
+                                                            expected_owner=(1, "run-a", False)).process(None, layout)))
+        wait_for(lambda: (out / ".flat-tokens-run.2").exists(), "run B claims the output")
+        assert not taking_over.done() and (out / "train" / ".zattrs").exists()  # B waits, deleting nothing
+        with pytest.raises(OutputTaken, match="run run-b took it over") as stopped:
+            list(steps)
+            finish()
+        assert stopped.value.landed_first
+        assert taking_over.result() == [True]
+    assert not [n for n in os.listdir(out) if n.startswith((CONFLICT_PREFIX, ".flat-tokens-writing."))]
+    assert zarr.open_group(str(out / "train"), mode="r").attrs["flat_tokens_run"] == "run-b"
+    assert sorted(os.listdir(out / "train" / "encoded_tokens")) == [".zarray", ".zattrs"]  # A's chunks went
+
+
+def test_a_write_that_outlasts_the_newcomers_patience_blocks_every_commit(tmp_path):
+    """The backstop: a run that took an output over stops waiting for a write in flight
+    after a while (here at once) and breaks its lease. That write may land in the new
+    output, so its run leaves a conflict record, and no commit publishes the output."""
     a, shards, layout = small_job(tmp_path, "run-a")
     b = dataclasses.replace(a, run_id="run-b")
     list(CreateOutput(a, False, str(tmp_path / "rej")).process(None, layout))
-    writing = WriteOwnedChunks(a)
-    writing.setup()
-    writing.start_bundle()
-    steps = writing.process(shards[0], layout, True)
-    next(steps)  # run A checked its claim and started writing its chunks ...
-    list(CreateOutput(b, True, str(tmp_path / "rej"), expected_owner=(1, "run-a")).process(None, layout))
+    steps, finish = paused_writer(a, shards[0], layout)
+    ownership.claim(b.url, "run-b", 2)
+    ownership.wait_for_writers(b.url, "run-b", patience=0)
+    list(CreateOutput(b, True, str(tmp_path / "rej"), expected_owner=(1, "run-a", False)).process(None, layout))
     with pytest.raises(OutputTaken, match="conflict record"):
         list(steps)  # ... and writes more after B took over: it says so once they have landed
-        writing.finish_bundle()
+        finish()
     assert (tmp_path / "o.zarr" / f"{CONFLICT_PREFIX}run-a").exists()
     with pytest.raises(OutputError, match="another run may have written into this output"):
         CommitFn(b, {"run_id": "run-b"}).commit(CHUNKS, layout, {"lines": 4, "documents": 4})
     assert not (tmp_path / "o.zarr" / ".zgroup").exists()
+
+
+def test_the_lease_of_a_process_that_has_ended_is_not_waited_for(tmp_path):
+    a, _, layout = small_job(tmp_path, "run-a")
+    list(CreateOutput(a, False, str(tmp_path / "rej")).process(None, layout))
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    lease = tmp_path / "o.zarr" / ".flat-tokens-writing.run-a.0123"
+    lease.write_text(json.dumps({"run_id": "run-a", "what": "train shard 0's chunks",
+                                 "process": {**processes.this_process(), "pid": ended.pid}}))
+    ownership.claim(a.url, "run-b", 2)
+    ownership.wait_for_writers(a.url, "run-b")  # the default patience is minutes: this returns at once
+    assert not lease.exists()
 
 
 def test_a_chunk_write_that_fails_on_the_pool_fails_the_bundle_after_the_claim_is_confirmed(tmp_path):
@@ -281,8 +379,45 @@ def test_a_dataset_committed_after_launch_is_not_deleted(tmp_path, small_input):
     run_pipeline("--input", small_input, *BYTES, "--output", out)
     before = digest(out)
     with pytest.raises(OutputTaken, match="appeared there after this run was launched"):
-        list(CreateOutput(late, True, str(tmp_path / "rej"), expected_owner=(0, "")).process(None, layout))
+        list(CreateOutput(late, True, str(tmp_path / "rej"), expected_owner=(0, "", False)).process(None, layout))
     assert digest(out) == before
+
+
+def test_a_dataset_its_run_committed_after_launch_is_not_deleted(tmp_path):
+    """Run B's launcher found run A's unfinished output; A then finished and committed. The
+    owner is the same run, but what B would delete is now a committed dataset, which B's
+    launcher never saw: B stops and deletes nothing."""
+    a, shards, layout = small_job(tmp_path, "run-a")
+    b = dataclasses.replace(a, run_id="run-b")
+    list(CreateOutput(a, False, str(tmp_path / "rej")).process(None, layout))
+    found = ownership.inspect_output(b.url)  # B's launcher
+    assert (found.owner, found.committed) == ((1, "run-a"), False)
+    write_all(a, shards, layout)
+    CommitFn(a, {"run_id": "run-a"}).commit(CHUNKS, layout, {"lines": 4, "documents": 4})
+    committed = digest(tmp_path / "o.zarr")
+    with pytest.raises(OutputTaken, match=r"a committed flat-tokens dataset of run run-a appeared there after this "
+                                          r"run was launched \(it found the unfinished output of run run-a"):
+        list(CreateOutput(b, True, str(tmp_path / "rej"), expected_owner=(*found.owner, found.committed))
+             .process(None, layout))
+    assert digest(tmp_path / "o.zarr") == committed
+    assert verify.verify_dataset(b.url) == []
+
+
+def write_all(target, shards, layout):
+    """Every chunk of small_job's shards, as WriteFlatTokens writes them."""
+    owned, markers, shared = WriteOwnedChunks(target), WriteEndMarkers(target), WriteSharedChunks(target)
+    for fn in (owned, markers, shared):
+        fn.setup()
+    owned.start_bundle()
+    out = [o for s in shards for o in owned.process(s, layout, True)]
+    owned.finish_bundle()
+    out += list(markers.process(None, layout, True))
+    fragments = {}
+    for o in out:
+        if hasattr(o, "tag"):
+            fragments.setdefault(o.value[0], []).append(o.value[1])
+    for key, pieces in sorted(fragments.items()):
+        list(shared.process((key, pieces), layout, True))
 
 
 CLEAR_FAILURES = ("claimed it first", "took it over", "appeared there after this run was launched",
@@ -381,6 +516,192 @@ def test_a_truncated_compressed_input_names_the_file_and_the_place(tmp_path, kin
     if kind != "gz-corrupt":  # (corrupt data may decode to garbage lines before gzip's CRC check fails)
         assert offset == sum(map(len, lines[:line])), message
         assert "Compressed file ended before the end-of-stream marker was reached" in message
+
+
+# ---------------------------------------------------------------------------------------------
+# 6. Locally and on gs:// alike: lost chunks, nested user files, runs that overlap in time
+
+
+class Place:
+    """Where a test's outputs live: a local directory, or a prefix in the GCS emulator's
+    bucket; with the few storage operations the tests need, done through fsspec."""
+
+    def __init__(self, root: str, fs, env: dict):
+        self.root, self.fs, self.env = root, fs, env
+
+    def url(self, *parts) -> str:
+        return "/".join([self.root, *parts])
+
+    def path(self, *parts) -> str:
+        return self.url(*parts).removeprefix("gs://")
+
+    def exists(self, *parts) -> bool:
+        self.fs.invalidate_cache()
+        return self.fs.exists(self.path(*parts))
+
+    def names(self, *parts) -> list[str]:
+        self.fs.invalidate_cache()
+        try:
+            return sorted(posixpath.basename(p.rstrip("/")) for p in self.fs.ls(self.path(*parts), detail=False))
+        except FileNotFoundError:
+            return []
+
+    def put(self, relative: str, data: bytes):
+        self.fs.pipe_file(self.path(relative), data)
+
+    def rm(self, relative: str):
+        self.fs.rm(self.path(relative), recursive=True)
+
+    def digest(self, *parts) -> dict:
+        self.fs.invalidate_cache()
+        base = self.path(*parts)
+        return {posixpath.relpath(p, base): hashlib.sha256(self.fs.cat_file(p)).hexdigest()
+                for p in self.fs.find(base)}
+
+    def verify(self) -> list[str]:
+        """`flat-tokens verify` of the output, as a user runs it: the problems it prints."""
+        proc = subprocess.run([sys.executable, "-m", "pipeline.verify", self.url("out.zarr")], cwd=REPO,
+                              capture_output=True, text=True, timeout=120, env={**os.environ, **self.env})
+        assert proc.returncode in (0, 1), proc.stderr
+        return proc.stdout.splitlines()[:-1]
+
+
+@pytest.fixture(params=["local", "gs"])
+def place(request, tmp_path):
+    if request.param == "local":
+        (tmp_path / "place").mkdir()
+        return Place(str(tmp_path / "place"), fsspec.filesystem("file", auto_mkdir=True), {})
+    emulator = request.getfixturevalue("gcs")
+    return Place(f"gs://{BUCKET}/place-{uuid.uuid4().hex[:8]}", emulator.fs, emulator.env)
+
+
+def test_verify_finds_a_chunk_lost_inside_a_long_document(place, tmp_path):
+    """zarr reads a lost chunk as zeros; inside a long document zeros carry no start bit, as
+    they should not: only the listing of the chunks can tell. Both splits, both arrays."""
+    train = write_jsonl(tmp_path / "train.jsonl", ["a long document, " * 400])  # 6,800 tokens: 27 chunks
+    valid = write_jsonl(tmp_path / "valid.jsonl", [f"short {i}" for i in range(300)])  # 301 starts: 5 chunks
+    run_pipeline("--input", train, "--validation_input", valid, *BYTES, "--output", place.url("out.zarr"),
+                 "--tokens_chunk_size", "256", "--seq_starts_chunk_size", "64", env=place.env)
+    assert place.verify() == []
+    place.rm("out.zarr/train/encoded_tokens/10")
+    place.rm("out.zarr/validation/seq_starts/2")
+    assert place.verify() == [
+        "train: encoded_tokens: 1 of 27 chunks missing from storage (10 = elements [2560, 2816)); zarr would read "
+        "them as zeros",
+        "validation: seq_starts: 1 of 5 chunks missing from storage (2 = elements [128, 192)); zarr would read "
+        "them as zeros"]
+
+
+def test_overwrite_refuses_a_users_files_anywhere_in_the_tree(place, small_input):
+    """Not one level deep: a file or directory inside train/, validation/ or an array's
+    directory (even one named like a chunk the arrays do not have) is not this tool's."""
+    out = place.url("out.zarr")
+    run_pipeline("--input", small_input, *BYTES, "--output", out, env=place.env)
+    users = {"out.zarr/train/NOTES.txt": b"my notes\n", "out.zarr/validation/mine/plot.png": b"png",
+             "out.zarr/train/encoded_tokens/README": b"about the tokens\n",
+             "out.zarr/validation/encoded_tokens/77": b"not a chunk of this array"}
+    for relative, data in users.items():
+        place.put(relative, data)
+    before = place.digest()
+    proc = run_pipeline("--input", small_input, *BYTES, "--output", out, "--overwrite", env=place.env, check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"flat-tokens: error: --output {out}: holds train/NOTES.txt, train/encoded_tokens/README, "
+        f"validation/encoded_tokens/77, validation/mine/: not a flat-tokens dataset written by this tool; refusing "
+        f"to delete it. --overwrite replaces only an empty directory or this tool's own output; choose another path")
+    assert place.digest() == before
+    for relative in ("out.zarr/train/NOTES.txt", "out.zarr/validation/mine", "out.zarr/train/encoded_tokens/README",
+                     "out.zarr/validation/encoded_tokens/77"):
+        place.rm(relative)
+    run_pipeline("--input", small_input, *BYTES, "--output", out, "--overwrite", env=place.env)
+    assert place.verify() == []
+
+
+class Run:
+    """A run in a subprocess that a test can pause and resume (SIGSTOP/SIGCONT to its
+    session), with its own temporary directory so that its progress can be observed."""
+
+    def __init__(self, place, tmp_path, name, *args):
+        self.temp = tmp_path / f"tmp-{name}"
+        self.temp.mkdir()
+        self.summary = tmp_path / f"{name}.json"
+        cmd = [sys.executable, "-m", "pipeline.run", *map(str, args), "--output", place.url("out.zarr"),
+               "--summary_json", str(self.summary)]
+        self.proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, **place.env, "TMPDIR": str(self.temp)},
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+    def wait_until(self, condition, what):
+        while self.proc.poll() is None and not condition():
+            time.sleep(0.005)
+        assert condition(), f"the run ended before {what}: {self.proc.stderr.read()[-3000:]}"
+
+    def spilled(self) -> bool:
+        return any(n.endswith(".ids") for _, _, files in os.walk(self.temp) for n in files)
+
+    def pause(self):
+        os.killpg(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self):
+        os.killpg(self.proc.pid, signal.SIGCONT)
+
+    def finish(self) -> tuple[int, str]:
+        _, stderr = self.proc.communicate(timeout=300)
+        return self.proc.returncode, stderr
+
+    def run_id(self) -> str:
+        return json.loads(self.summary.read_text())["run_id"]
+
+
+def slow_input(tmp_path, name, n):
+    """Many small shards and chunks: a run spends a long while writing them."""
+    src = write_jsonl(tmp_path / f"{name}.jsonl", [f"{name} {i} " + "text " * (i % 13) for i in range(n)])
+    return ["--input", src, *BYTES, "--num_shards", "40", "--tokens_chunk_size", "64", "--seq_starts_chunk_size", "16",
+            "--batch_documents", "100"]
+
+
+def test_a_dataset_committed_after_a_takeover_was_launched_is_not_deleted(place, tmp_path):
+    """Run B (--overwrite) is launched while run A is still writing, so B's launcher sees an
+    unfinished output; A then commits before B replaces it. A committed dataset is deleted
+    only by a run whose launcher saw it committed: B stops, deleting nothing."""
+    a = Run(place, tmp_path, "a", *slow_input(tmp_path, "alpha", 1500))
+    a.wait_until(lambda: place.exists("out.zarr/train/encoded_tokens/.zarray"), "A created its arrays")
+    a.pause()
+    b = Run(place, tmp_path, "b", *slow_input(tmp_path, "beta", 6000), "--overwrite")
+    b.wait_until(b.spilled, "B read its first batch")  # so its launcher has looked at the output
+    b.pause()
+    assert ".flat-tokens-run.2" not in place.names("out.zarr"), "B claimed the output before it was paused"
+    a.resume()
+    code_a, err_a = a.finish()
+    assert code_a == 0, err_a
+    committed = place.digest("out.zarr")
+    b.resume()
+    code_b, err_b = b.finish()
+    assert code_b == 1, err_b
+    assert (f"--output {place.url('out.zarr')}: a committed flat-tokens dataset of run {a.run_id()} appeared there "
+            f"after this run was launched (it found the unfinished output of run {a.run_id()} (claim 1)); this run "
+            f"stops and deletes nothing") in err_b
+    assert place.digest("out.zarr") == committed
+    assert place.verify() == []
+
+
+def test_taking_over_a_run_that_is_still_writing(place, tmp_path):
+    """Run B (--overwrite) takes over run A's output while A is writing chunks (the crash
+    recovery path cannot tell a live run from a killed one). B waits for A's write in
+    flight, deletes and commits its own dataset; A stops at its next write."""
+    a = Run(place, tmp_path, "a", *slow_input(tmp_path, "alpha", 3000))
+    chunks = lambda: len(place.names("out.zarr/train/encoded_tokens")) > 5  # noqa: E731
+    a.wait_until(lambda: chunks() and not place.exists("out.zarr/.zattrs"), "A wrote a few chunks")
+    a.pause()
+    b = Run(place, tmp_path, "b", *slow_input(tmp_path, "beta", 300), "--overwrite")
+    b.wait_until(lambda: ".flat-tokens-run.2" in place.names("out.zarr"), "B claimed the output")
+    a.resume()
+    code_a, err_a = a.finish()
+    code_b, err_b = b.finish()
+    assert code_b == 0, err_b
+    assert code_a == 1 and f"run {b.run_id()} took it over (claim 2)" in err_a, err_a
+    assert "conflict record" not in err_a
+    assert place.verify() == []
+    assert not [n for n in place.names("out.zarr") if n.startswith((CONFLICT_PREFIX, ".flat-tokens-writing."))]
 
 
 # ---------------------------------------------------------------------------------------------

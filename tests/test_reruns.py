@@ -118,7 +118,10 @@ def test_every_write_step_is_idempotent_under_retry(tmp_path):
         owned.setup()
         markers = WriteEndMarkers(target)
         markers.setup()
-        outputs = [o for s in shards for o in owned.process(s, layout, True)] + list(markers.process(None, layout, True))
+        owned.start_bundle()
+        outputs = [o for s in shards for o in owned.process(s, layout, True)]
+        owned.finish_bundle()  # as the runner does: the last shard's writes land and are confirmed
+        outputs += list(markers.process(None, layout, True))
         fragments = {}
         for o in outputs:
             if hasattr(o, "tag"):

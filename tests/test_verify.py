@@ -1,4 +1,5 @@
 """Tests of pipeline.verify on real zarr stores (format 2 and 3) written here with zarr directly."""
+import os
 import tempfile
 
 import numpy as np
@@ -24,11 +25,15 @@ def encode(seqs):
     return np.array(tokens, np.uint32), starts.astype(np.uint64)
 
 
-def write_split(path, tokens, starts, max_token_id, fmt, *, chunk=3):
-    """A split as the root of its own store (own .zgroup / zarr.json), like the pipeline does."""
+def write_split(path, tokens, starts, max_token_id, fmt, *, chunk=3, shard=None):
+    """A split as the root of its own store (own .zgroup / zarr.json), like the pipeline does;
+    `shard`: zarr v3 shards of that many elements."""
     group = zarr.open_group(path, mode="w", zarr_format=fmt)
     for name, data in (("encoded_tokens", tokens), ("seq_starts", starts)):
-        arr = group.create_array(name, shape=data.shape, dtype=data.dtype, chunks=(chunk,) * data.ndim)
+        # Every chunk stored, all-zero ones included, as the pipeline writes them (verify
+        # refuses a missing chunk, which zarr would read as zeros).
+        arr = group.create_array(name, shape=data.shape, dtype=data.dtype, chunks=(chunk,) * data.ndim,
+                                 shards=(shard,) if shard else None, config={"write_empty_chunks": True})
         if data.size:
             arr[...] = data
     if max_token_id is not None:
@@ -39,13 +44,13 @@ def split_stats(seqs, max_token_id):
     return {"sequences": len(seqs), "tokens": sum(map(len, seqs)), "max_token_id": max_token_id}
 
 
-def make_dataset(root, splits, fmt=2, *, commit=True, chunk=3):
+def make_dataset(root, splits, fmt=2, *, commit=True, chunk=3, shard=None):
     """Writes a dataset from {split: list of sequences}: splits first, root metadata last."""
     root = str(root)
     stats = {"documents": 0, "rejected": 0, "blank": 0, "empty": 0}
     for name, seqs in splits.items():
         max_id = max((t for s in seqs for t in s), default=0)
-        write_split(f"{root}/{name}", *encode(seqs), max_id, fmt, chunk=chunk)
+        write_split(f"{root}/{name}", *encode(seqs), max_id, fmt, chunk=chunk, shard=shard)
         stats[name] = split_stats(seqs, max_id)
         stats["documents"] += len(seqs)
     if commit:
@@ -61,12 +66,12 @@ def set_attrs(path, **attrs):
 
 
 def poke(path, index, value):
-    arr = zarr.open_array(path, mode="r+")
+    arr = zarr.open_array(path, mode="r+").with_config({"write_empty_chunks": True})
     arr[index] = value
 
 
 def flip_start_bit(path, index):
-    arr = zarr.open_array(path, mode="r+")
+    arr = zarr.open_array(path, mode="r+").with_config({"write_empty_chunks": True})
     arr[index] = int(arr[index]) ^ 1
 
 
@@ -255,6 +260,66 @@ def test_structural_failure_stops_the_split_but_not_the_other(good):
     problems = verify_dataset(good)
     assert len(problems) == 2, problems
     assert problems[0].startswith("train: seq_starts[0] = 1") and problems[1].startswith("validation: ")
+
+
+# ---------------------------------------------------------------------------------------------
+# Every chunk stored: zarr would read a missing one as zeros
+
+LONG = [[5] * 4, [7] * 20, [3] * 2, [1] * 5, [2] * 3]  # the second sequence spans chunks 1-7 of 3 tokens
+
+
+def chunk_path(root, split, member, index, fmt):
+    return os.path.join(root, split, member, *(["c"] if fmt == 3 else []), str(index))
+
+
+@pytest.mark.parametrize("split", ["train", "validation"])
+@pytest.mark.parametrize("member, index", [("encoded_tokens", 3), ("seq_starts", 0), ("seq_starts", 1)])
+def test_a_missing_chunk_is_named(tmp_path, fmt, split, member, index):
+    """A chunk inside a long document reads back as zeros whose start bits are all clear, as
+    they should be there: no check of the values can see it. The listing does."""
+    root = make_dataset(tmp_path / "o", {"train": LONG, "validation": LONG}, fmt)
+    assert verify_dataset(root) == []
+    os.remove(chunk_path(root, split, member, index, fmt))
+    count = 12 if member == "encoded_tokens" else 2
+    block = {0: "[0, 3)", 1: "[3, 6)", 3: "[9, 12)"}[index]
+    only(verify_dataset(root), f"{split}: {member}: 1 of {count} chunks missing from storage "
+                               f"({index} = elements {block}); zarr would read them as zeros")
+
+
+def test_missing_chunks_of_both_arrays_are_listed_together(tmp_path, fmt):
+    root = make_dataset(tmp_path / "o", {"train": LONG, "validation": EXAMPLE}, fmt)
+    for index in (2, 3, 4, 5, 6, 7, 8):
+        os.remove(chunk_path(root, "train", "encoded_tokens", index, fmt))
+    os.remove(chunk_path(root, "train", "seq_starts", 0, fmt))
+    problem = only(verify_dataset(root), "train: encoded_tokens: 7 of 12 chunks missing", "and 2 more",
+                   "seq_starts: 1 of 2 chunks missing from storage (0 = elements [0, 3))")
+    assert "2 = elements [6, 9), 3 = elements [9, 12)" in problem
+
+
+def test_a_missing_chunk_of_the_seq_sources_extension_is_named(tmp_path, fmt):
+    """A split may carry the optional per-sequence `seq_sources` array: stored whole too."""
+    splits = {"train": LONG, "validation": EXAMPLE}
+    root = make_dataset(tmp_path / "o", splits, fmt)
+    for name, seqs in splits.items():
+        group = zarr.open_group(f"{root}/{name}", mode="r+")
+        group.create_array("seq_sources", shape=(len(seqs),), dtype="uint16", chunks=(3,),
+                           config={"write_empty_chunks": True})[...] = np.arange(len(seqs), dtype=np.uint16) % 2
+    set_attrs(root, sources=["one", "two"])  # the names the ids stand for
+    assert verify_dataset(root) == []
+    os.remove(chunk_path(root, "train", "seq_sources", 0, fmt))
+    only(verify_dataset(root), "train: seq_sources: 1 of 2 chunks missing from storage (0 = elements [0, 3))")
+
+
+def test_shards_are_counted_by_listing_a_partial_last_shard_included(tmp_path):
+    """zarr 3.1's nchunks_initialized counts a stored shard's every inner chunk, so a partial
+    last shard overcounts; the check lists shard objects: 26 tokens in shards of 12 is 3."""
+    root = make_dataset(tmp_path / "o", {"train": LONG[:3], "validation": EXAMPLE}, 3, chunk=3, shard=12)
+    tokens = zarr.open_array(f"{root}/train/encoded_tokens", mode="r")
+    assert tokens.nchunks_initialized != tokens.nchunks  # the count this check does not rely on
+    assert verify_dataset(root) == []
+    os.remove(chunk_path(root, "train", "encoded_tokens", 2, 3))  # the partial last shard
+    only(verify_dataset(root), "train: encoded_tokens: 1 of 3 shard objects missing from storage "
+                               "(2 = elements [24, 26))")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,10 +1,18 @@
-"""Progress of a local run, for the person watching it: documents, tokens and bytes so far.
+"""Progress, for the person watching a run: Beam counters on every runner, and on local
+runners small files that the launcher sums into its progress line.
+
+Counters, namespace `flat_tokens`, are what a cluster shows while the job runs (Dataflow's
+job page, Flink's web UI) and what `PipelineResult.metrics()` returns. They are updated once
+per batch, range, shard or chunk, never per document. Nothing depends on them: the numbers
+that are checked and committed travel through the data (transforms/counts.py), because a
+retried bundle's counter updates count twice in a runner's *attempted* values (only the
+*committed* ones leave failed bundles out).
 
 On local runners the launcher cannot query metrics while the pipeline runs (FnApiRunner
 blocks in run(), and multi_processing workers are other processes), so each DoFn instance
-writes its running totals to a small file in a local directory, and the launcher sums the
-files every few seconds. Only for display: nothing depends on it, retried bundles may
-count twice, and it is off on remote runners (Dataflow shows its own metrics).
+also writes its running totals to a small file in a directory of the launcher's, which the
+launcher sums every few seconds; only when every worker sees the launcher's disk
+(pipeline/environment.py). Retried bundles may count twice there too.
 """
 import json
 import os
@@ -12,20 +20,44 @@ import threading
 import time
 import uuid
 
+import numpy as np
+from apache_beam.metrics import Metrics, monitoring_infos
+from apache_beam.metrics.cells import DistributionData, MetricCell
+from apache_beam.metrics.execution import MetricUpdater
+from apache_beam.metrics.metricbase import MetricName
+
+NAMESPACE = "flat_tokens"
+# The counter each progress total feeds.
+PROGRESS_COUNTERS = {"documents": "documents", "bytes": "input_bytes", "tokens": "tokens"}
+# The counter each key of a count dict feeds (transforms/counts.py); rejected lines also by
+# reason, as `rejected_<reason>`. `documents` is counted as batches are read, not here.
+COUNT_COUNTERS = {"lines": "lines", "blank": "blank_lines", "rejected": "rejected_lines",
+                  "empty": "empty_documents", "duplicates": "duplicates_removed"}
 _WRITE_EVERY_SECONDS = 1.0
 
 
+def counter(name: str):
+    return Metrics.counter(NAMESPACE, name)
+
+
 class ProgressFile:
-    """Running totals of one DoFn instance, flushed to `directory` at most every second
-    (and whenever the DoFn asks, e.g. at the end of an input range)."""
+    """Running totals of one DoFn instance: added to the Beam counters at once and, with a
+    `directory`, flushed there at most every second (and whenever the DoFn asks, e.g. at the
+    end of an input range)."""
 
     def __init__(self, directory: str | None):
         self._directory = directory
         self._path = None
         self._totals = {}
         self._last = 0.0
+        self._counters = {}
 
     def add(self, **counts) -> None:
+        for k, v in counts.items():
+            if v:
+                if k not in self._counters:
+                    self._counters[k] = counter(PROGRESS_COUNTERS.get(k, k))
+                self._counters[k].inc(v)
         if not self._directory:
             return
         for k, v in counts.items():
@@ -91,3 +123,61 @@ class ProgressLogger(threading.Thread):
 
     def stop(self):
         self._halt.set()
+
+
+def show_counts(counts: dict) -> dict:
+    """Adds a count dict (of an input range, a batch, a dedup group) to the counters; returns
+    it unchanged, on its way to the job's SumCounts."""
+    for key, value in counts.items():
+        name = COUNT_COUNTERS.get(key) or (f"rejected_{key[len('rejected:'):]}" if key.startswith("rejected:") else None)
+        if name and value:
+            counter(name).inc(value)
+    return counts
+
+
+def show_written(split: str, sequences: int, tokens: int) -> None:
+    """A shard's sequences and tokens, as the writer receives them (the copies of a mixture included)."""
+    counter(f"{split}_sequences").inc(sequences)
+    counter(f"{split}_tokens").inc(tokens)
+
+
+class _BatchDistributionCell(MetricCell):
+    """A Beam distribution cell that takes a whole batch's (sum, count, min, max) in one update.
+
+    Beam's own Distribution takes one value per update, which would be one call per document.
+    The cell is reported like Beam's distribution cells (a user int64 distribution monitoring
+    info), so runners and PipelineResult.metrics() see an ordinary distribution."""
+
+    def __init__(self):
+        super().__init__()
+        self._data = DistributionData(0, 0, 0, 0)
+        self._guard = threading.Lock()
+
+    def update(self, summary):
+        total, count, low, high = summary
+        if count:
+            with self._guard:
+                self._data = self._data.combine(DistributionData(total, count, low, high))
+        return False
+
+    def reset(self):
+        with self._guard:
+            self._data = DistributionData(0, 0, 0, 0)
+
+    def get_cumulative(self):
+        with self._guard:
+            return self._data.get_cumulative()
+
+    def to_runner_api_monitoring_info_impl(self, name, transform_id):
+        return monitoring_infos.int64_user_distribution(name.namespace, name.name, self.get_cumulative(),
+                                                        ptransform=transform_id)
+
+
+def show_document_lengths(lengths: np.ndarray, empty: int, updater=MetricUpdater(
+        _BatchDistributionCell, MetricName(NAMESPACE, "document_tokens"))) -> None:
+    """Adds a tokenized batch's document lengths to the distribution `document_tokens`: its
+    kept documents' `lengths` and `empty` documents of 0 tokens."""
+    count = int(lengths.size) + empty
+    if count:
+        low = 0 if empty else int(lengths.min())
+        updater((int(lengths.sum()), count, low, int(lengths.max()) if lengths.size else 0))

@@ -18,7 +18,7 @@ import apache_beam as beam
 import fsspec
 import numpy as np
 
-from transforms.progress import ProgressFile
+from transforms.progress import ProgressFile, show_document_lengths
 from transforms.read.inputs import PARQUET, absolute, format_of
 from transforms.records import DocumentBatch, TokenizedBatch, narrowest_ids
 from transforms.tokenize import backends
@@ -254,6 +254,7 @@ class TokenizeBatches(beam.DoFn):
     def process(self, batch: DocumentBatch):
         tokenized = tokenize_batch(batch, self._encoder, self._info, self._reference, self._digests, self._check)
         self._progress.add(tokens=int(tokenized.ids.size))
+        show_document_lengths(tokenized.lengths, tokenized.empty)
         yield tokenized
 
     def _check(self, compare) -> None:

@@ -18,11 +18,17 @@ from concurrent.futures import ThreadPoolExecutor, wait
 import apache_beam as beam
 import numpy as np
 
+from transforms.progress import counter, show_written
 from transforms.records import SortedShard
 from transforms.write import layout as plan
 from transforms.write import ownership
 from transforms.write import zarr_store as store
 from transforms.write.zarr_store import SEQ_SOURCES, SEQ_STARTS, SPLITS, TOKENS, StoreTarget, array_length
+
+
+# The counter of chunks (write blocks: shard objects with zarr 3 sharding) written, as the
+# commit counts them.
+CHUNKS_WRITTEN = "chunks_written"
 
 
 class _ArrayCache:
@@ -70,7 +76,8 @@ class WriteOwnedChunks(beam.DoFn):
     `process` waits only for the previous shard's writes, and `finish_bundle` for the last,
     so no bundle succeeds (and no receipt reaches the commit) before its chunks have landed
     and the claim was confirmed after them. With a staging area (`area`), the shard's record
-    is staged then too, for a rerun to replay (transforms/write/finished.py)."""
+    is staged once its chunks landed, before the claim is confirmed, for a rerun to replay
+    (transforms/write/finished.py)."""
 
     FRAGMENTS = "fragments"
 
@@ -78,7 +85,7 @@ class WriteOwnedChunks(beam.DoFn):
         self._target = target
         self._area = area  # transforms.staging.StagingArea, or None
         self._arrays = None
-        self._pending = None  # (what, futures, record) of the shard being written
+        self._pending = None  # (what, futures, lease, record) of the shard being written
 
     def setup(self):
         self._arrays = _ArrayCache(self._target)
@@ -104,10 +111,14 @@ class WriteOwnedChunks(beam.DoFn):
                   (SEQ_STARTS, seq_offset, starts, split.sequences + 1))
         if self._target.record_sources:  # the sources of the shard's sequences, laid out like their starts
             pieces += ((SEQ_SOURCES, seq_offset, shard.sources, split.sequences),)
+        show_written(shard.split, int(shard.lengths.size), int(shard.tokens.size))
+        what = f"{shard.split} shard {shard.shard}'s chunks"
+        t = self._target
+        lease = ownership.begin_write(t.url, t.run_id, what, t.storage_options)
         futures = []  # tracked before the first write starts, so that even a failure midway is settled
         record = {"split": shard.split, "shard": shard.shard, "tokens": n_tokens, "sequences": n_seqs,
                   "max_token_id": split.max_token_id, "receipts": [], "fragments": []}
-        self._pending = (f"{shard.split} shard {shard.shard}'s chunks", futures, record)
+        self._pending = (what, futures, lease, record)
         for out in self._write(shard.split, pieces, futures):
             if isinstance(out, beam.pvalue.TaggedOutput):
                 record["fragments"].append(out.value)
@@ -119,45 +130,55 @@ class WriteOwnedChunks(beam.DoFn):
         self._settle_pending()
 
     def _settle_pending(self, failed_bundle: bool = False):
-        """Waits for the shard in flight, then confirms the claim: even when a write failed,
-        or its bundle did (`failed_bundle`: its writes still ran), since part of it may have
-        landed after a takeover. Then raises the first failed write of a live bundle."""
+        """Waits for the shard in flight, then confirms the claim and gives its lease back:
+        even when a write failed, or its bundle did (`failed_bundle`: its writes still ran),
+        since part of it may have landed after a takeover. Then raises the first failed
+        write of a live bundle."""
         if self._pending is None:
             return
-        what, futures, record = self._pending
+        what, futures, lease, record = self._pending
         self._pending = None
         wait(futures)
         t = self._target
-        ownership.confirm_written(t.url, t.run_id, what, t.storage_options)
+        try:
+            # The shard's record, once every chunk landed, inside the lease: a run taking the
+            # output over waits for it before it forgets the records of the chunks it deletes.
+            if self._area is not None and not failed_bundle and all(f.exception() is None for f in futures):
+                fragments = record.pop("fragments")
+                self._area.put_shard(record["split"], record["shard"], record, fragments)
+        finally:
+            ownership.confirm_written(t.url, t.run_id, what, t.storage_options, lease)
         if not failed_bundle:
             for written in futures:
                 written.result()
-            if self._area is not None:
-                fragments = record.pop("fragments")
-                self._area.put_shard(record["split"], record["shard"], record, fragments)
 
     def _write(self, split, pieces, futures: list | None = None):
         """Writes the pieces' owned chunks: before returning, or (given `futures`) on the
-        pool, adding each chunk's future to `futures`. Checks the claim first."""
+        pool, adding each chunk's future to `futures`. The caller holds a lease (it checked
+        the claim) and confirms the writes once they have landed."""
         t = self._target
-        ownership.check_owner(t.url, t.run_id, t.storage_options, doing=f"about to write {split} chunks")
         for name, start, values, length in pieces:
             array = self._arrays.get(split, name)
             put = array.write if futures is None else lambda a, v, array=array: futures.extend(array.submit(a, v))
             for kind, item in write_region(put, start, values, t.write_block(name), length, split, name):
-                yield item if kind == "receipt" else beam.pvalue.TaggedOutput(self.FRAGMENTS, item)
+                if kind == "receipt":
+                    counter(CHUNKS_WRITTEN).inc(item[2])
+                    yield item
+                else:
+                    yield beam.pvalue.TaggedOutput(self.FRAGMENTS, item)
 
 
 class WriteEndMarkers(WriteOwnedChunks):
     """Writes each split's last seq_starts entry (= its token count), which no shard owns."""
 
     def process(self, _, layout, ready):
+        t = self._target
         for split in SPLITS:
             total = layout[split]
             marker = np.array([total.tokens], dtype=np.uint64)
-            yield from self._write(split, ((SEQ_STARTS, total.sequences, marker, total.sequences + 1),))
-            ownership.confirm_written(self._target.url, self._target.run_id, f"{split} chunks",
-                                      self._target.storage_options)
+            with ownership.fenced(t.url, t.run_id, f"{split}'s end marker", t.storage_options):
+                written = list(self._write(split, ((SEQ_STARTS, total.sequences, marker, total.sequences + 1),)))
+            yield from written
 
 
 class WriteSharedChunks(beam.DoFn):
@@ -192,8 +213,9 @@ class WriteSharedChunks(beam.DoFn):
             t = self._target
             with ownership.fenced(t.url, t.run_id, f"{split}/{name} chunk {index}", t.storage_options):
                 self._arrays.get(split, name).write(a, np.concatenate([v for _, v in fragments]))
-            if self._area is not None:
-                self._area.put_chunk(split, name, index)
+                if self._area is not None:  # in the lease, as a shard's record
+                    self._area.put_chunk(split, name, index)
+            counter(CHUNKS_WRITTEN).inc()
         yield split, name, 1
 
     def teardown(self):

@@ -17,16 +17,17 @@ class CreateOutput(beam.DoFn):
     see transforms/write/ownership.py), clears the replaced runs' rejected-line reports, and
     creates both splits' arrays at their final shapes.
 
-    `expected_owner`: the (claim generation, run id) the launcher found at the output;
-    `resumable`: it found no committed dataset there, so an unfinished output may be taken.
-    `area` (transforms.staging.StagingArea): where written chunks are recorded for a rerun.
-    `keep_arrays`: the launcher found arrays of this very job there (transforms/staging.py,
-    `arrays.json`); they and their chunks stay, and the records of those chunks count. Else
-    the records are forgotten before anything is deleted, and the new arrays are marked as
-    this job's once created."""
+    `expected_owner`: the (claim generation, run id, committed) the launcher found at the
+    output; `resumable`: it found no committed dataset there, so an unfinished output may be
+    taken. `area` (transforms.staging.StagingArea): where written chunks are recorded for a
+    rerun. `keep_arrays`: the launcher found arrays of this very job there
+    (transforms/staging.py, `arrays.json`); they and their chunks stay, and the records of
+    those chunks count. Else the records are forgotten before anything is deleted, and the new
+    arrays are marked as this job's once created."""
 
-    def __init__(self, target: StoreTarget, overwrite: bool, rejected_url: str, expected_owner: tuple = (0, ""),
-                 area=None, keep_arrays: bool = False, resumable: bool = False):
+    def __init__(self, target: StoreTarget, overwrite: bool, rejected_url: str,
+                 expected_owner: tuple = (0, "", False), area=None, keep_arrays: bool = False,
+                 resumable: bool = False):
         self._target = target
         self._resumable = resumable
         self._overwrite = overwrite
@@ -45,12 +46,12 @@ class CreateOutput(beam.DoFn):
         replaced = store.prepare_output(t, self._overwrite, self._expected_owner, keep_splits=self._keep_arrays,
                                         before_removing=before_removing, resumable=self._resumable)
         rejected.clear_reports(self._rejected_url, replaced, t.storage_options)
-        for split in SPLITS:
-            make = store.keep_split if self._keep_arrays else store.create_split
-            make(t, split, layout[split].tokens, layout[split].sequences)
-        if area is not None and not self._keep_arrays:
-            area.mark_arrays()
-        ownership.check_owner(t.url, t.run_id, t.storage_options, doing="creating its arrays")
+        with ownership.fenced(t.url, t.run_id, "its arrays", t.storage_options):
+            for split in SPLITS:
+                make = store.keep_split if self._keep_arrays else store.create_split
+                make(t, split, layout[split].tokens, layout[split].sequences)
+            if area is not None and not self._keep_arrays:
+                area.mark_arrays()
         yield True
 
     def _check_still_this_jobs(self):

@@ -11,33 +11,60 @@ The claim is kept by the commit, so a committed dataset says which run wrote it.
 "Ours" is recognised from names and the claim, never from arbitrary zarr content: an output
 is replaceable only when every top-level entry is one this tool writes (the claims, the
 root group metadata, `train/`, `validation/`, and `.flat-tokens-*` objects such as conflict
-records or a run's temporary files) and a claim says the dataset entries are this tool's.
+records, leases or a run's temporary files), a claim says the dataset entries are this
+tool's, and every object inside `train/` and `validation/` is one the layout writes there:
+group and array metadata, and the data objects the arrays' metadata implies
+(transforms/write/chunk_objects.py). A user's `train/NOTES.txt` makes the output foreign.
 A committed dataset of an earlier version (no claim) is recognised by the provenance those
 versions wrote: root attributes `format: flat-tokens`, `package.name: flat-tokens-beam` and
 a `run_id` that both split groups repeat in `flat_tokens_run`.
 
-Writers check the claim before and after each write. A run that finds, after writing, that
-another run took the output over leaves a conflict record `OUTPUT/.flat-tokens-conflict.<run
-id>`: no commit publishes an output holding one, and `verify` rejects it.
+Writers check the claim before and after each write, and hold a *lease* while the write is
+in flight: an object `OUTPUT/.flat-tokens-writing.<run id>.<uuid>`, created before the check
+before and deleted after the check after. A run that takes the output over waits, after
+claiming it and before deleting anything, until the other runs' leases are gone: their
+writes have landed, and any write they start later fails its check before. So the
+newcomer's takeover never races the old run's last writes. A lease whose process is seen
+dead (same machine: transforms/processes.py) is broken at once, any other after
+LEASE_PATIENCE_S. Deleting a lease is what decides: a run that finds, after writing, that
+another run took the output over and that its own lease was broken (its write may have
+landed after the newcomer went on) leaves a conflict record
+`OUTPUT/.flat-tokens-conflict.<run id>`: no commit publishes an output holding one, and
+`verify` rejects it.
 """
 import importlib.metadata
 import json
+import logging
 import os
 import posixpath
-import re
 import time
+import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 from fsspec.core import url_to_fs
 
+from transforms import processes
+from transforms.write.chunk_objects import ChunkObjects, chunk_objects
+from transforms.write.object_trees import remove_tree, walk_tree
+
 OWN_PREFIX = ".flat-tokens-"  # every top-level name this tool writes for itself starts so
 CLAIM_PREFIX = ".flat-tokens-run."
 CONFLICT_PREFIX = ".flat-tokens-conflict."
 STAGING = ".flat-tokens-staging"  # work kept for a rerun (transforms/staging.py): never replaced here
+LEASE_PREFIX = ".flat-tokens-writing."
 SPLITS = ("train", "validation")
+# The arrays a split may hold: the format's two, and the optional per-sequence sources
+# extension (`seq_sources`, written with --record_sources).
+ARRAYS = ("encoded_tokens", "seq_starts", "seq_sources")
 ROOT_METADATA = (".zgroup", ".zattrs", "zarr.json")
+ARRAY_METADATA = (".zarray", ".zattrs", "zarr.json")
 DATASET_ENTRIES = frozenset(SPLITS + ROOT_METADATA)
+# How long a run taking an output over waits for another run's write in flight, unless that
+# run's process is seen dead: far longer than writing one shard's chunks (and sorting the
+# next shard, which the writer does before it confirms them) or one batch of deletions.
+LEASE_PATIENCE_S = 600.0
+DELETE_BATCH = 1000  # objects deleted per fenced step when a run removes what it replaces
 PACKAGE_NAME = "flat-tokens-beam"
 SPLIT_RUN_ATTRIBUTE = "flat_tokens_run"
 LISTED_NAMES = 5
@@ -48,7 +75,14 @@ class OutputError(ValueError):
 
 
 class OutputTaken(OutputError):
-    """Another run owns the output now: this run must not write or delete anything there."""
+    """Another run owns the output now: this run must not write or delete anything there.
+
+    `landed_first`: raised after a write, whose lease the newcomer waited for: the write
+    landed before the newcomer touched anything, so it harms nothing."""
+
+    def __init__(self, message: str, landed_first: bool = False):
+        super().__init__(message)
+        self.landed_first = landed_first
 
 
 @dataclass(frozen=True)
@@ -164,6 +198,63 @@ def _legacy_run_id(fs, path: str) -> str:
     return run_id
 
 
+def _tree(fs, base: str):
+    """Pages of (path relative to `base`, is a directory) of everything under `base`, listed
+    fresh and page by page (a split holds one object per chunk: ~890,000 at 1 TB of text)."""
+    fs.invalidate_cache(base)
+    return walk_tree(fs, base)
+
+
+def _array_layouts(fs, split_path: str) -> dict[str, ChunkObjects | None]:
+    """Each array's data objects, from its metadata (None where it cannot be read)."""
+    layouts = {}
+    for array in ARRAYS:
+        meta = _read_json(fs, f"{split_path}/{array}/.zarray") or _read_json(fs, f"{split_path}/{array}/zarr.json")
+        layouts[array] = chunk_objects(meta) if meta else None
+    return layouts
+
+
+def _chunk_shaped(key: str) -> bool:
+    """A data object's name in any key encoding this tool writes (`7`, `c/7`, `c.7`)."""
+    digits = key[2:] if key[:2] in ("c/", "c.") else key
+    return digits.isascii() and digits.isdigit()
+
+
+def written_by_layout(relative: str, is_dir: bool, layouts: dict[str, ChunkObjects | None]) -> bool:
+    """Whether `relative` (a path inside a split's directory) is one the layout writes there:
+    the group's metadata, the arrays' directories and metadata, and the data objects their
+    metadata implies. When an array's metadata is gone (a deletion killed midway), any
+    chunk-shaped name in it counts as its own."""
+    head, _, rest = relative.partition("/")
+    if not rest:
+        return (head in ARRAYS) if is_dir else (head in ROOT_METADATA)
+    if head not in ARRAYS:
+        return False
+    layout = layouts.get(head)
+    if is_dir:
+        return rest in layout.directories if layout else rest == "c"
+    if rest in ARRAY_METADATA:
+        return True
+    return layout.index(rest) is not None if layout else _chunk_shaped(rest)
+
+
+def foreign_in_split(fs, split_path: str) -> list[str]:
+    """What inside one split's directory the layout did not write, relative to it
+    (directories with a trailing "/", and nothing listed below a foreign directory)."""
+    layouts = _array_layouts(fs, split_path)
+    foreign, foreign_dirs = [], set()
+    for entries in _tree(fs, split_path):
+        for relative, is_dir in entries:
+            parts = relative.split("/")
+            if any("/".join(parts[:depth]) in foreign_dirs for depth in range(1, len(parts))):
+                continue
+            if not written_by_layout(relative, is_dir, layouts):
+                foreign.append(relative + "/" if is_dir else relative)
+                if is_dir:
+                    foreign_dirs.add(relative)
+    return sorted(foreign)
+
+
 def inspect_output(url: str, storage_options: dict | None = None, own_run_id: str = "") -> OutputState:
     """What is at the output path, and whether this tool may replace it. Entries that name
     `own_run_id` (this run's own temporary files) are left out."""
@@ -188,10 +279,19 @@ def inspect_output(url: str, storage_options: dict | None = None, own_run_id: st
         if legacy:
             owner = (0, legacy)
     dataset_is_ours = bool(claims) or bool(owner[1])
-    foreign = tuple(label for (n, _), label in zip(listed, names)
-                    if not (n.startswith(OWN_PREFIX) or (dataset_is_ours and n in DATASET_ENTRIES)))
+    foreign = [label for (n, d), label in zip(listed, names)
+               if not (n.startswith(OWN_PREFIX) or (dataset_is_ours and _dataset_entry(n, d)))]
+    if dataset_is_ours:  # the whole tree, not one level: a user's train/NOTES.txt is not ours
+        foreign += [f"{split}/{f}" for split, is_dir in listed if is_dir and split in SPLITS
+                    for f in foreign_in_split(fs, f"{path}/{split}")]
+    foreign = tuple(foreign)
     committed = bool(plain & set(ROOT_METADATA))
     return OutputState("foreign" if foreign else "dataset", names, foreign, owner, committed)
+
+
+def _dataset_entry(name: str, is_dir: bool) -> bool:
+    """A top-level entry the layout writes: a split's directory, or a root metadata file."""
+    return name in SPLITS if is_dir else name in ROOT_METADATA
 
 
 def listing(names, limit: int = LISTED_NAMES) -> str:
@@ -292,35 +392,169 @@ def conflicts(url: str, storage_options: dict | None = None) -> list[str]:
     return [n for n, _ in _names(fs, path) if n.startswith(CONFLICT_PREFIX)]
 
 
+def _log():
+    return logging.getLogger("flat_tokens")
+
+
+def _remove_if_present(fs, path: str) -> bool:
+    """Deletes one object; whether it was there. Of two deleters, exactly one gets True."""
+    try:
+        fs.rm_file(path)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def is_lease_of(name: str, run_id: str) -> bool:
+    return name.startswith(f"{LEASE_PREFIX}{run_id}.")
+
+
+def begin_write(url: str, run_id: str, what: str, storage_options: dict | None = None) -> str:
+    """The first half of `fenced`: takes a lease for one write, then checks the claim.
+    Returns the lease's path, for `confirm_written`. The lease is created first, so a run
+    that claims the output after this check passed is bound to see it and wait."""
+    fs, path = split_url(url, storage_options)
+    lease = f"{path}/{LEASE_PREFIX}{run_id}.{uuid.uuid4().hex}"
+    fs.pipe_file(lease, json.dumps({"run_id": run_id, "what": what, "process": processes.this_process(),
+                                    "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}).encode())
+    try:
+        check_owner(url, run_id, storage_options, doing=f"about to write {what}")
+    except BaseException:
+        _remove_if_present(fs, lease)
+        raise
+    return lease
+
+
 @contextmanager
 def fenced(url: str, run_id: str, what: str, storage_options: dict | None = None):
-    """Checks the claim before and after a write. A write that may have landed after another
-    run took the output over is recorded as a conflict, so that output is never published."""
-    check_owner(url, run_id, storage_options, doing=f"about to write {what}")
-    yield
-    confirm_written(url, run_id, what, storage_options)
+    """Holds a lease and checks the claim before and after a write (see the module's doc).
+    A write that may have landed after another run went on without waiting for it is
+    recorded as a conflict, so that output is never published."""
+    lease = begin_write(url, run_id, what, storage_options)
+    try:
+        yield
+    finally:  # a failed write may have landed in part: it is confirmed like any other
+        confirm_written(url, run_id, what, storage_options, lease)
 
 
-def confirm_written(url: str, run_id: str, what: str, storage_options: dict | None = None):
-    """The second half of `fenced`, for writes that finish later than they start: checks the
-    claim once they have landed, and records a conflict if another run took the output over."""
+def confirm_written(url: str, run_id: str, what: str, storage_options: dict | None = None, lease: str | None = None):
+    """The second half of `fenced`, for writes that finish later than they start: once they
+    have landed, checks the claim and gives the lease back. When another run took the
+    output over: if it was still waiting for this lease, the write landed first and harms
+    nothing (OutputTaken with `landed_first`); if not (no lease, or it was broken), the
+    write may have landed in that run's output: a conflict record is left there."""
+    fs, _ = split_url(url, storage_options)
     try:
         check_owner(url, run_id, storage_options, doing=f"writing {what}")
     except OutputTaken as e:
+        if lease is not None and _remove_if_present(fs, lease):
+            raise OutputTaken(str(e), landed_first=True) from None
         record_conflict(url, run_id, f"{what} of run {run_id} may have been written after the takeover: {e}",
                         storage_options)
         raise OutputTaken(f"{e}; {what} may have landed in that run's output, so a conflict record was left "
                           f"there and it will not verify: rerun with --overwrite") from None
+    except BaseException:
+        if lease is not None:
+            _remove_if_present(fs, lease)
+        raise
+    if lease is not None:
+        _remove_if_present(fs, lease)
+
+
+def wait_for_writers(url: str, run_id: str, storage_options: dict | None = None,
+                     patience: float = LEASE_PATIENCE_S) -> None:
+    """Called by a run that has just claimed the output, before it deletes anything: waits
+    until no other run holds a lease there. Such a write passed its check before this run's
+    claim existed, and will land; any write started later fails its check. A lease of a
+    process seen dead on this machine is broken at once, any other after `patience`
+    seconds (that run, if alive, then leaves a conflict record when its write lands)."""
+    fs, path = split_url(url, storage_options)
+    first_seen: dict[str, float] = {}
+    pause = 0.05
+    while True:
+        check_owner(url, run_id, storage_options, doing="waiting for the replaced run's writes to land")
+        leases = [n for n, _ in _names(fs, path) if n.startswith(LEASE_PREFIX) and not is_lease_of(n, run_id)]
+        if not leases:
+            return
+        now = time.monotonic()
+        for name in leases:
+            lease = _read_json(fs, f"{path}/{name}") or {}
+            holder = f"run {lease.get('run_id', '?')}'s write ({lease.get('what', '?')})"
+            if name not in first_seen:
+                first_seen[name] = now
+                _log().warning("flat-tokens: --output %s: waiting for %s, in flight when this run took the output "
+                               "over, to land before replacing it", url, holder)
+            dead = processes.certainly_dead(lease.get("process"))
+            if (dead or now - first_seen[name] >= patience) and _remove_if_present(fs, f"{path}/{name}"):
+                _log().warning("flat-tokens: --output %s: %s; going on without it (should it land later, that run "
+                               "leaves a conflict record and this output will not commit)", url,
+                               f"{holder} belongs to a process that has ended" if dead
+                               else f"{holder} has not landed after {patience:.0f} s")
+        time.sleep(pause)
+        pause = min(1.0, pause * 2)
+
+
+def release_claim(url: str, run_id: str, generation: int, storage_options: dict | None = None) -> None:
+    """Gives back a claim this run made but will not use: the output stays as it was."""
+    fs, path = split_url(url, storage_options)
+    name = f"{path}/{CLAIM_PREFIX}{generation}"
+    if (_read_json(fs, name) or {}).get("run_id") == run_id:
+        _remove_if_present(fs, name)
+
+
+def _delete_fenced(url: str, run_id: str, split: str, fs, paths: list[str], storage_options: dict | None) -> None:
+    with fenced(url, run_id, f"the deletion of the replaced {split}/", storage_options):
+        try:
+            fs.rm(paths)  # gcsfs deletes a list in batch requests
+        except FileNotFoundError:  # an earlier attempt of this step got part of it
+            for p in paths:
+                _remove_if_present(fs, p)
+
+
+def _delete_split(url: str, run_id: str, split: str, storage_options: dict | None) -> None:
+    """Deletes what the layout wrote in one split's directory, in fenced batches (each
+    checks the claim before and after), data before metadata, so a deletion stopped midway
+    still leaves metadata that names its data. Anything else is left there and refused."""
+    fs, path = split_url(url, storage_options)
+    base = f"{path}/{split}"
+    layouts = _array_layouts(fs, base)
+    metadata, directories = [], []  # deleted last: a deletion stopped midway leaves metadata naming its data
+    for entries in _tree(fs, base):
+        data = []
+        for relative, is_dir in entries:
+            if not written_by_layout(relative, is_dir, layouts):
+                continue
+            if is_dir:
+                directories.append(relative)
+            elif posixpath.basename(relative) in ARRAY_METADATA + ROOT_METADATA:
+                metadata.append(relative)
+            else:
+                data.append(relative)
+        for i in range(0, len(data), DELETE_BATCH):
+            _delete_fenced(url, run_id, split, fs, [f"{base}/{r}" for r in data[i:i + DELETE_BATCH]], storage_options)
+    if metadata:
+        _delete_fenced(url, run_id, split, fs, [f"{base}/{r}" for r in metadata], storage_options)
+    if _is_local(fs):  # object stores have no directories to remove
+        for relative in sorted(directories, key=lambda r: -r.count("/")) + [""]:
+            try:
+                os.rmdir(os.path.join(base, relative))
+            except OSError:
+                pass  # not empty: what is left is refused below
+    foreign = foreign_in_split(fs, base)
+    if foreign:
+        raise OutputError(f"--output {url}: {listing([f'{split}/{f}' for f in foreign])} appeared while this run "
+                          f"replaced the output; this tool did not write it, so it was left there. Move it away "
+                          f"and rerun with --overwrite")
 
 
 def remove_replaced(url: str, run_id: str, storage_options: dict | None = None,
                     keep: frozenset = frozenset()) -> list[str]:
     """Deletes what this run replaces: root metadata first (the old dataset is uncommitted
     before anything else goes), then the splits, older claims and other runs' `.flat-tokens-*`
-    objects, but not the staging area (its own rules delete it: transforms/staging.py), nor
-    the names in `keep` (a resumed run's splits). Only recognised names are deleted; anything
-    else stays where it is. Returns the run ids whose claims were removed (their rejected-line
-    reports go too)."""
+    objects, each deletion fenced, but not the staging area (its own rules delete it:
+    transforms/staging.py), nor the names in `keep` (a resumed run's splits). Only recognised
+    names are deleted; anything else stays. Returns the run ids whose claims were removed
+    (their rejected-line reports go too)."""
     fs, path = split_url(url, storage_options)
     check_owner(url, run_id, storage_options, doing="replacing the old output")
     names = _names(fs, path)
@@ -340,13 +574,19 @@ def remove_replaced(url: str, run_id: str, storage_options: dict | None = None,
         elif name.startswith(OWN_PREFIX):
             if run_id in name:
                 continue
-        elif name not in DATASET_ENTRIES:
+        elif not _dataset_entry(name, is_dir):
             continue
-        check_owner(url, run_id, storage_options, doing="replacing the old output")  # deletions can be long
-        try:
-            fs.rm(f"{path}/{name}", recursive=is_dir)
-        except FileNotFoundError:  # another attempt of this step removed it already
-            pass
+        if is_dir and name in SPLITS:
+            _delete_split(url, run_id, name, storage_options)
+            continue
+        with fenced(url, run_id, "the deletion of the replaced output", storage_options):
+            try:
+                if is_dir:
+                    remove_tree(fs, f"{path}/{name}")  # page by page: it may hold many objects
+                else:
+                    fs.rm(f"{path}/{name}")
+            except FileNotFoundError:  # another attempt of this step removed it already
+                pass
     fs.invalidate_cache(path)
     check_owner(url, run_id, storage_options, doing="replacing the old output")
     return replaced

@@ -118,34 +118,44 @@ def refuse_occupied(url: str, overwrite: bool, storage_options: dict | None = No
     return ownership.refuse_for_run(url, overwrite, storage_options, resumable)
 
 
-def prepare_output(target: StoreTarget, overwrite: bool, expected_owner: tuple = (0, ""),
+def prepare_output(target: StoreTarget, overwrite: bool, expected_owner: tuple = (0, "", False),
                    keep_splits: bool = False, before_removing=None, resumable: bool = False) -> list[str]:
     """Claims the output for this run and removes what it replaces, or refuses.
 
-    `expected_owner` is the (claim generation, run id) the launcher found: if another run
-    claimed or committed the output since, this run stops without deleting anything.
+    `expected_owner` is what the launcher found: (claim generation, run id, committed). If
+    another run claimed the output since, or the run found there committed it since, this
+    run stops without deleting anything: a committed dataset is deleted only by a run whose
+    launcher saw it committed. After claiming, it waits for the replaced run's writes in
+    flight (ownership.wait_for_writers), so an old run still writing cannot race it.
     `resumable`: an unfinished output may be taken without `overwrite` (the launcher found
     none, or one this command made). `keep_splits`: a resumed run keeps the arrays;
-    `before_removing()` runs once the claim is this run's, before anything is deleted (the
-    staging area forgets the arrays' chunks there).
+    `before_removing()` runs once the claim is this run's and the old writes have landed,
+    before anything is deleted (the staging area forgets the arrays' chunks there).
     Returns the run ids whose output was replaced (their rejected-line reports go too)."""
     so = target.storage_options
     ownership.refuse_root(target.url, so)
     state = ownership.inspect_output(target.url, so, own_run_id=target.run_id)
+    found = (*state.owner, state.committed)
     if state.owner[1] != target.run_id:  # else: a retry of this step; the claim is this run's already
         if not state.replaceable:
             raise OutputError(ownership.refusal(target.url, state))
-        if tuple(state.owner) != tuple(expected_owner):
-            raise ownership.OutputTaken(
-                f"--output {target.url}: {ownership.describe_owner(state)} appeared there after this run was "
-                f"launched (it found {_describe_expected(expected_owner)}); this run stops and deletes nothing")
+        if found != tuple(expected_owner):
+            raise _appeared(target, state, expected_owner)
         if state.kind == "dataset" and not overwrite and (state.committed or not resumable):
             raise OutputError(f"--output {target.url}: exists and is not empty; pass --overwrite to replace it, "
                               f"or choose another path")
-        ownership.claim(target.url, target.run_id, state.owner[0] + 1, so)
+        generation = state.owner[0] + 1
+        ownership.claim(target.url, target.run_id, generation, so)
+        ownership.wait_for_writers(target.url, target.run_id, so)
+        now = ownership.inspect_output(target.url, so, own_run_id=target.run_id)
+        if now.committed != state.committed:  # the run found there committed while this one claimed
+            ownership.release_claim(target.url, target.run_id, generation, so)
+            raise _appeared(target, now, expected_owner)
         if state.kind == "dataset" and state.committed:
             logging.getLogger("flat_tokens").warning("flat-tokens: --overwrite: replacing %s at %s",
                                                      ownership.describe_owner(state), target.url)
+    else:
+        ownership.wait_for_writers(target.url, target.run_id, so)
     if before_removing is not None:
         before_removing()
     replaced = ownership.remove_replaced(target.url, target.run_id, so,
@@ -155,10 +165,17 @@ def prepare_output(target: StoreTarget, overwrite: bool, expected_owner: tuple =
     return replaced
 
 
+def _appeared(target: StoreTarget, state: ownership.OutputState, expected: tuple) -> OutputTaken:
+    return OutputTaken(f"--output {target.url}: {ownership.describe_owner(state)} appeared there after this run was "
+                       f"launched (it found {_describe_expected(expected)}); this run stops and deletes nothing")
+
+
 def _describe_expected(owner: tuple) -> str:
-    if not owner[1]:
+    generation, run_id, committed = (tuple(owner) + (False,))[:3]
+    if not run_id:
         return "no flat-tokens output"
-    return f"the output of run {owner[1]}" + (f" (claim {owner[0]})" if owner[0] else "")
+    what = "the committed dataset" if committed else "the unfinished output"
+    return f"{what} of run {run_id}" + (f" (claim {generation})" if generation else "")
 
 
 def check_writable(target: StoreTarget) -> None:
@@ -180,7 +197,9 @@ def check_writable(target: StoreTarget) -> None:
 def create_split(target: StoreTarget, split: str, tokens: int, sequences: int) -> None:
     """Creates one split's group and arrays at their final shapes, before any data is written."""
     store = make_store(child_url(target.url, split), target.storage_options)
-    group = zarr.create_group(store=store, zarr_format=target.zarr_format, overwrite=True,
+    # Not overwrite=True: that would delete whatever is in the split's directory, and the
+    # replaced output was removed object by object, leaving alone what this tool did not write.
+    group = zarr.create_group(store=store, zarr_format=target.zarr_format,
                               attributes={RUN_ATTRIBUTE: target.run_id})
     dtypes = {TOKENS: "uint32", SEQ_STARTS: "uint64", SEQ_SOURCES: "uint16"}
     for name in target.arrays():
@@ -214,10 +233,11 @@ def keep_split(target: StoreTarget, split: str, tokens: int, sequences: int) -> 
 
 def open_array(target: StoreTarget, split: str, name: str):
     store = make_store(child_url(target.url, split), target.storage_options)
-    # Every chunk is written, even all-zero ones (the commit counts written chunks); zarr
-    # does not store this setting, so it is given again on each open.
-    return zarr.open_array(store=store, path=name, mode="r+", zarr_format=target.zarr_format,
-                           config={"write_empty_chunks": True})
+    # Every chunk is stored, even all-zero ones: a missing chunk is an error for verify and
+    # the reader, never zeros. zarr does not store this setting, and zarr 3.1's open_array
+    # ignores its `config` for an existing array, so it is set on the opened array.
+    array = zarr.open_array(store=store, path=name, mode="r+", zarr_format=target.zarr_format)
+    return array.with_config({"write_empty_chunks": True})
 
 
 class ChunkWriter:
@@ -299,8 +319,20 @@ def commit(target: StoreTarget, root_attributes: dict, split_attributes: dict[st
     children, so it is never used here.)"""
     so = target.storage_options
     _refuse_conflicts(target)
-    with ownership.fenced(target.url, target.run_id, "the commit", so):
+    lease = ownership.begin_write(target.url, target.run_id, "the commit", so)
+    try:
         _write_commit(target, root_attributes, split_attributes)
+    except BaseException:
+        ownership.confirm_written(target.url, target.run_id, "the commit", so, lease)
+        raise
+    try:
+        ownership.confirm_written(target.url, target.run_id, "the commit", so, lease)
+    except OutputTaken as e:
+        if not e.landed_first:
+            raise
+        # The run that claimed the output waited for this commit to land: the dataset is
+        # committed, whole. That run replaces it only if its launcher saw it committed.
+        logging.getLogger("flat_tokens").warning("flat-tokens: %s; this run's commit had landed first", e)
     try:
         _refuse_conflicts(target)
     except OutputError:
