@@ -157,6 +157,18 @@ def test_a_run_killed_twice_resumes_to_the_same_bytes(job, tmp_path):
     check_flat_tokens(out, "--compare", ref)
 
 
+def test_a_lease_a_kill_left_half_written_does_not_hold_the_rerun(job, tmp_path):
+    """A SIGKILL while a write's lease is being created leaves it empty; the rerun must not
+    wait for a writer that never passed its check."""
+    root, args, ref = job
+    out = tmp_path / "out.zarr"
+    kill_when(args, out, lambda: shards_recorded(out) >= 2)
+    (out / f".flat-tokens-writing.{'a' * 32}.{'b' * 32}").write_bytes(b"")
+    proc = run_pipeline(*args, "--output", out, timeout=200)
+    assert "run ?'s write" not in proc.stderr, proc.stderr  # before the fix: waited 10 minutes for it
+    assert dataset_digest(out) == dataset_digest(ref)
+
+
 def test_the_summary_says_what_was_reused(job, tmp_path):
     root, args, ref = job
     out = tmp_path / "out.zarr"

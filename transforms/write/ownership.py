@@ -478,7 +478,14 @@ def wait_for_writers(url: str, run_id: str, storage_options: dict | None = None,
             return
         now = time.monotonic()
         for name in leases:
-            lease = _read_json(fs, f"{path}/{name}") or {}
+            lease = _read_json(fs, f"{path}/{name}")
+            if lease is None:
+                # Not a whole lease: its writer was killed while creating it, or is creating it
+                # now. Its check comes after the lease is whole, so it either never ran or will
+                # find this run's claim: nothing of that write can land. (A kill at the wrong
+                # moment used to hold every later run here for `patience`.)
+                _remove_if_present(fs, f"{path}/{name}")
+                continue
             holder = f"run {lease.get('run_id', '?')}'s write ({lease.get('what', '?')})"
             if name not in first_seen:
                 first_seen[name] = now
