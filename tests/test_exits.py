@@ -38,10 +38,14 @@ def start(temp, *run_args):
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
-def wait_until_spilled(proc, temp):
-    """Until the run has tokenized and spilled its first batch (transforms/shuffle/spill.py):
-    it is reading, its output not yet touched."""
-    while proc.poll() is None and not any(n.endswith(".ids") for _, _, files in os.walk(temp) for n in files):
+def wait_until_spilled(proc, temp, out):
+    """Until the run has tokenized its first batch and written its ids where the shuffle maps
+    them: staged under the output (transforms/staging.py), or with --no_staging spilled in
+    the temporary directory (transforms/shuffle/spill.py). It is reading, its output not yet
+    claimed."""
+    def written():
+        return any(n.endswith(".ids") for root in (temp, out) for _, _, files in os.walk(root) for n in files)
+    while proc.poll() is None and not written():
         time.sleep(0.005)
     assert proc.poll() is None, "the run ended before it could be stopped: " + proc.stderr.read()[-2000:]
 
@@ -73,7 +77,7 @@ def test_a_stopped_run_removes_its_temporary_files_and_says_so_in_one_line(tmp_p
     (temp / "beam-pipeline-tempsomeone").mkdir(parents=True)  # another program's: stays
     out = tmp_path / "out.zarr"
     proc = start(temp, *args(corpus, out, *workers))
-    wait_until_spilled(proc, temp)
+    wait_until_spilled(proc, temp, out)
     (os.killpg if to_group else os.kill)(proc.pid, signum)
     _, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 128 + signum, stderr
@@ -93,7 +97,7 @@ def test_a_later_run_removes_what_killed_runs_of_this_tool_left_and_nothing_else
     temp = tmp_path / "tmp"
     temp.mkdir()
     proc = start(temp, *args(corpus, tmp_path / "killed.zarr"))
-    wait_until_spilled(proc, temp)
+    wait_until_spilled(proc, temp, tmp_path / "killed.zarr")
     os.killpg(proc.pid, signal.SIGKILL)  # nothing can clean up after this but a later run
     proc.wait()
     left = sorted(os.listdir(temp))
@@ -147,7 +151,7 @@ def test_a_summary_json_that_fails_after_the_commit_is_a_warning_not_a_failure(t
     reports.mkdir()
     out = tmp_path / "out.zarr"
     proc = start(temp, *args(corpus, out, "--summary_json", reports / "summary.json"))
-    wait_until_spilled(proc, temp)
+    wait_until_spilled(proc, temp, out)
     reports.rmdir()
     stdout, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 0, stderr

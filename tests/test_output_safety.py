@@ -35,7 +35,7 @@ from transforms.write import layout as plan
 from transforms.write import CreateOutput, ownership
 from transforms.write.chunk_writers import WriteEndMarkers, WriteOwnedChunks, WriteSharedChunks
 from transforms.write.commit import CommitFn
-from transforms.write.ownership import CONFLICT_PREFIX, OutputError, OutputTaken
+from transforms.write.ownership import CONFLICT_PREFIX, STAGING, OutputError, OutputTaken
 from transforms.write.zarr_store import StoreTarget
 
 BYTES = ["--tokenizer", "bytes"]
@@ -622,6 +622,7 @@ class Run:
     session), with its own temporary directory so that its progress can be observed."""
 
     def __init__(self, place, tmp_path, name, *args):
+        self.place = place
         self.temp = tmp_path / f"tmp-{name}"
         self.temp.mkdir()
         self.summary = tmp_path / f"{name}.json"
@@ -635,8 +636,12 @@ class Run:
             time.sleep(0.005)
         assert condition(), f"the run ended before {what}: {self.proc.stderr.read()[-3000:]}"
 
-    def spilled(self) -> bool:
-        return any(n.endswith(".ids") for _, _, files in os.walk(self.temp) for n in files)
+    def spilled(self, staged_before=frozenset()) -> bool:
+        """Its first batch's ids are written: spilled in its temporary directory, or staged under
+        the output (transforms/staging.py) in a unit folder that was not there before it began."""
+        if any(n.endswith(".ids") for _, _, files in os.walk(self.temp) for n in files):
+            return True
+        return bool(set(self.place.names(f"out.zarr/{STAGING}/units")) - set(staged_before))
 
     def pause(self):
         os.killpg(self.proc.pid, signal.SIGSTOP)
@@ -666,8 +671,9 @@ def test_a_dataset_committed_after_a_takeover_was_launched_is_not_deleted(place,
     a = Run(place, tmp_path, "a", *slow_input(tmp_path, "alpha", 1500))
     a.wait_until(lambda: place.exists("out.zarr/train/encoded_tokens/.zarray"), "A created its arrays")
     a.pause()
+    staged_by_a = place.names(f"out.zarr/{STAGING}/units")
     b = Run(place, tmp_path, "b", *slow_input(tmp_path, "beta", 6000), "--overwrite")
-    b.wait_until(b.spilled, "B read its first batch")  # so its launcher has looked at the output
+    b.wait_until(lambda: b.spilled(staged_by_a), "B read its first batch")  # so its launcher has looked at the output
     b.pause()
     assert ".flat-tokens-run.2" not in place.names("out.zarr"), "B claimed the output before it was paused"
     a.resume()
@@ -680,7 +686,8 @@ def test_a_dataset_committed_after_a_takeover_was_launched_is_not_deleted(place,
     assert (f"--output {place.url('out.zarr')}: a committed flat-tokens dataset of run {a.run_id()} appeared there "
             f"after this run was launched (it found the unfinished output of run {a.run_id()} (claim 1)); this run "
             f"stops and deletes nothing") in err_b
-    assert place.digest("out.zarr") == committed
+    # B staged what it read under the output (transforms/staging.py), and touched nothing else.
+    assert {k: v for k, v in place.digest("out.zarr").items() if not k.startswith(f"{STAGING}/")} == committed
     assert place.verify() == []
 
 

@@ -123,14 +123,22 @@ class StagingArea:
     def put(self, relative: str, data) -> str:
         """Writes `data` (bytes or a buffer) whole at `relative`; returns the object's path."""
         path = self.path(relative)
-        if self.local:
+        if not self.local:
+            self.fs.pipe_file(path, bytes(data))
+            return path
+        for attempt in range(3):
             os.makedirs(os.path.dirname(path), exist_ok=True)
             temporary = f"{path}.{uuid.uuid4().hex}{TEMPORARY}"
-            with open(temporary, "wb") as f:
-                f.write(data)
-            os.replace(temporary, path)
-        else:
-            self.fs.pipe_file(path, bytes(data))
+            try:
+                with open(temporary, "wb") as f:
+                    f.write(data)
+                os.replace(temporary, path)
+                return path
+            except FileNotFoundError:
+                # The folder went while this was written: another run on this output committed
+                # and removed the area. Write it again (this run stops at its claim anyway).
+                if attempt == 2:
+                    raise
         return path
 
     def put_batch_ids(self, unit: str, place: int, ids: np.ndarray) -> str | None:
