@@ -5,6 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import zarr
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 REPO = Path(__file__).resolve().parent.parent
@@ -48,3 +49,16 @@ def check_flat_tokens(*args) -> subprocess.CompletedProcess:
     proc = subprocess.run([sys.executable, str(CHECKER), *map(str, args)], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0 and proc.stdout.splitlines()[-1].startswith("OK"), proc.stdout + proc.stderr
     return proc
+
+
+def stats(out) -> dict:
+    """The committed dataset's `stats` root attribute."""
+    return zarr.open_group(str(out), mode="r").attrs["stats"]
+
+
+def refused(proc) -> str:
+    """The one error line of a run refused at launch (exit 2, no traceback)."""
+    assert proc.returncode == 2, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("flat-tokens: error:")]
+    assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    return errors[0]

@@ -12,7 +12,7 @@ import pytest
 import zarr
 
 from pipeline import verify
-from tests.helpers import REPO, SAMPLE, run_pipeline, write_jsonl
+from tests.helpers import REPO, SAMPLE, refused, run_pipeline, stats, write_jsonl
 from tests.paced_backends import HOLD_MARKER, RELEASE_FILE_ENV
 from tests.test_parquet import sequences
 from transforms.records import DocumentBatch
@@ -177,18 +177,6 @@ def test_worker_processes_are_quiet_too(tmp_path, corpus):
 SAMPLE_FILES = sorted(str(p) for p in SAMPLE.glob("*.jsonl"))
 SAMPLE_DOCUMENTS = sum(len(open(p, encoding="utf-8").read().splitlines()) for p in SAMPLE_FILES)
 BYTES = ["--tokenizer", "bytes"]
-
-
-def stats(out) -> dict:
-    return zarr.open_group(str(out), mode="r").attrs["stats"]
-
-
-def refused(proc) -> str:
-    """The one error line of a run refused at launch (exit 2, no traceback)."""
-    assert proc.returncode == 2, proc.stderr
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("flat-tokens: error:")]
-    assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr
-    return errors[0]
 
 
 def test_an_unquoted_glob_reads_every_file_the_shell_expanded_it_to(tmp_path):

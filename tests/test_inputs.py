@@ -10,26 +10,13 @@ import subprocess
 import sys
 
 import pytest
-import zarr
 
 from pipeline import verify
 from tests.gcs_emulator import BUCKET, gcs  # noqa: F401 - pytest fixture
-from tests.helpers import REPO, run_pipeline, write_jsonl
+from tests.helpers import REPO, refused, run_pipeline, stats, write_jsonl
 from tests.test_parquet import sequences, write_parquet
 
 BYTES = ["--tokenizer", "bytes"]
-
-
-def stats(out) -> dict:
-    return zarr.open_group(str(out), mode="r").attrs["stats"]
-
-
-def refused(proc) -> str:
-    """The one error line of a run refused at launch (exit 2, no traceback)."""
-    assert proc.returncode == 2, proc.stderr
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("flat-tokens: error:")]
-    assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr
-    return errors[0]
 
 
 # ---------------------------------------------------------------------------------------------
