@@ -153,7 +153,7 @@ def main(argv=None) -> int:
             repeat_file(source, input_path, args.scale)
         results = run_rounds(args, input_path, tokenizer, work)
         results.update(input=str(source), scale=args.scale, input_bytes=input_path.stat().st_size,
-                       tokenizer=str(tokenizer), cpu_count=os.cpu_count())
+                       tokenizer=str(tokenizer), cpu_count=os.cpu_count(), kill_at=args.kill_at)
         print("\n".join(report(results)))
         if args.json:
             Path(args.json).write_text(json.dumps(results, indent=2))
@@ -219,7 +219,8 @@ def report(r: dict) -> list[str]:
         reused = d["reused"] if d else None
         lines.append(
             f"  {i:>5}  {x['a']['wall_seconds']:>12.2f}  {x['b']['wall_seconds']:>18.2f}  {x['overhead']:>+8.1%}"
-            f"  {x['c']['killed_at_seconds']:>15.2f}  {left['units']:>5}, {left['shards']:>4}, {left['bytes'] / 1e6:>7,.0f}"
+            f"  {x['c']['killed_at_seconds']:>15.2f}"
+            f"  {left['units']:>5}, {left['shards']:>4}, {left['bytes'] / 1e6:>7,.0f}"
             + (f"  {d['wall_seconds']:>13.2f}  {d['share_of_a']:>7.1%}  {reused['input_units']} of "
                f"{reused['input_units_total']}, {reused['chunks']:,} of {reused['chunks_total']:,}"
                if d else "  (finished before the kill)"))
@@ -232,17 +233,18 @@ def report(r: dict) -> list[str]:
               f"  (b) uninterrupted, --no_staging: {m['b_wall_seconds']:.2f} s",
               f"  staging's overhead: {m['overhead']:+.1%} (median of the rounds' a/b - 1; of the medians "
               f"{m['overhead_of_medians']:+.1%})",
-              (f"  (d) resumed after a kill at 80%: {m['d_wall_seconds']:.2f} s, {m['resumed_share']:.1%} of (a)"
+              (f"  (d) resumed after a kill at {r['kill_at']:.0%}: {m['d_wall_seconds']:.2f} s, "
+               f"{m['resumed_share']:.1%} of (a)"
                if m["resumed_share"] is not None else "  (d): no round was killed before it finished"),
               "",
               f"staging area on disk (one more run like (a), polled every 50 ms): peak "
               f"{peak['staging_peak_bytes'] / 1e6:,.0f} MB for {tokens:,} tokens "
-              f"({peak['staging_peak_bytes'] / max(tokens, 1):.2f} bytes/token, {peak['staging_peak_bytes'] / 1e6 / mb:.2f}x "
-              f"the input); removed by the commit",
+              f"({peak['staging_peak_bytes'] / max(tokens, 1):.2f} bytes/token, "
+              f"{peak['staging_peak_bytes'] / 1e6 / mb:.2f}x the input); removed by the commit",
               "",
               "targets"]
     share = m["resumed_share"]
-    lines.append(f"  killed at 80%, the resumed run takes <= 35% of an uninterrupted run's wall   "
+    lines.append(f"  killed at {r['kill_at']:.0%}, the resumed run takes <= 35% of an uninterrupted run's wall   "
                  + (f"{share:.1%}  {'PASS' if share <= TARGET_RESUMED_SHARE else 'FAIL'}" if share is not None
                     else "n/a"))
     lines.append(f"  staging adds <= 10% to an uninterrupted run's wall                         "

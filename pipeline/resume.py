@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from pipeline import __version__
 from pipeline.options import OPTIONS, FlatTokensOptions
 from transforms import staging
-from transforms.read.inputs import JSONL
 from transforms.staging import StagingArea, Staged
 from transforms.write.ownership import CONFLICT_PREFIX
 from transforms.write.zarr_store import array_length

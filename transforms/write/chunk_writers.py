@@ -261,5 +261,6 @@ class WriteFlatTokens(beam.PTransform):
             fragments
             | "GatherFragments" >> beam.Flatten()
             | "GroupByChunk" >> beam.GroupByKey()
-            | "WriteSharedChunks" >> beam.ParDo(WriteSharedChunks(self._target, self._area, self._written), layout, ready))
+            | "WriteSharedChunks" >> beam.ParDo(
+                WriteSharedChunks(self._target, self._area, self._written), layout, ready))
         return (*receipts, shared)
