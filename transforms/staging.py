@@ -127,15 +127,16 @@ class StagingArea:
             self.fs.pipe_file(path, bytes(data))
             return path
         for attempt in range(3):
-            os.makedirs(os.path.dirname(path), exist_ok=True)
             temporary = f"{path}.{uuid.uuid4().hex}{TEMPORARY}"
             try:
+                # Inside the try: the area can go between making a folder and its subfolder.
+                os.makedirs(os.path.dirname(path), exist_ok=True)
                 with open(temporary, "wb") as f:
                     f.write(data)
                 os.replace(temporary, path)
                 return path
             except FileNotFoundError:
-                # The folder went while this was written: another run on this output committed
+                # A folder went while this was written: another run on this output committed
                 # and removed the area. Write it again (this run stops at its claim anyway).
                 if attempt == 2:
                     raise
