@@ -25,6 +25,7 @@ def head_start(argv: list[str]) -> None:
         sys.stderr.flush()
         os._exit(2)
     no_blas_threads()
+    quiet_grpc()
     tokenizer_from_argv(argv)  # loads while Beam is imported
     gc.disable()
 
@@ -35,6 +36,14 @@ def no_blas_threads() -> None:
     and they spin a while for work that never comes: the pipeline never calls BLAS. perf put
     ~1% of a 250 MB run's CPU in `blas_thread_server`, taken from the imports it raced."""
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+
+def quiet_grpc() -> None:
+    """For the command line only, before gRPC is imported (here and, through the environment,
+    in the runner's worker processes): gRPC's own log shows errors only, unless the user chose
+    otherwise. Stopped by Ctrl-C, a worker's gRPC logged an INFO line about the closed
+    connection ("Got goaway [2] ...") above the one line the command promises."""
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 
 def _last_value(argv: list[str], flag: str) -> str | None:
