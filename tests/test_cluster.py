@@ -38,9 +38,20 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="unshare --mount needs
 
 
 def isolated_worker_command(python: str = sys.executable, evidence: str = "") -> str:
-    """The command that starts one SDK worker in a mount namespace of its own with an empty /tmp."""
-    inner = "mount -t tmpfs tmpfs /tmp && " + (f"{evidence} && " if evidence else "") + \
-        f"exec {shlex.quote(python)} -m pipeline.worker"
+    """The command that starts one SDK worker in a mount namespace of its own with an empty /tmp.
+
+    When the repository itself (the code and its .venv) lies under /tmp, as a clone made
+    there does, the empty /tmp would hide the code: it is bound back in place, and only it,
+    after the evidence of an empty /tmp is taken (the shell's working directory still
+    reaches the hidden original, through /proc/self/cwd)."""
+    repo = os.path.realpath(REPO)
+    under_tmp = repo == "/tmp" or repo.startswith("/tmp/")
+    steps = ([f"cd {shlex.quote(repo)}"] if under_tmp else []) + ["mount -t tmpfs tmpfs /tmp"]
+    steps += [evidence] if evidence else []
+    if under_tmp:
+        steps += [f"mkdir -p {shlex.quote(repo)}",
+                  f"mount --no-canonicalize --bind /proc/self/cwd {shlex.quote(repo)}"]
+    inner = " && ".join(steps + [f"exec {shlex.quote(python)} -m pipeline.worker"])
     return f"unshare --mount --propagation private sh -c {shlex.quote(inner)}"
 
 

@@ -121,6 +121,24 @@ def test_a_dataset_holding_a_users_file_is_refused(tmp_path, small_input):
     assert digest(out) == before
 
 
+def test_zarrs_temporary_files_of_a_write_in_flight_are_ours_and_a_lookalike_is_not(tmp_path, small_input):
+    # zarr writes every object under a temporary name (`.zattrs.<hex>.partial`) and renames
+    # it: a run launched while another writes (or after one was killed mid-write) finds them.
+    out = tmp_path / "out.zarr"
+    run_pipeline("--input", small_input, *BYTES, "--output", out)
+    partial = f"{uuid.uuid4().hex}.partial"
+    for name in (f".zattrs.{partial}", f"train/.zattrs.{partial}", f"train/seq_starts/.zarray.{partial}",
+                 f"validation/encoded_tokens/0.{partial}"):
+        (out / name).write_text("{}")
+    run_pipeline("--input", small_input, *BYTES, "--output", out, "--overwrite")
+    assert not list(out.rglob("*.partial"))
+    (out / "train" / f"notes.{partial}").write_text("mine")
+    before = digest(out)
+    proc = run_pipeline("--input", small_input, *BYTES, "--output", out, "--overwrite", check=False)
+    assert proc.returncode == 2 and f"train/notes.{partial}" in proc.stderr, proc.stderr
+    assert digest(out) == before
+
+
 def test_overwrite_replaces_this_tools_outputs_and_nothing_beside_them(tmp_path, small_input):
     """An empty directory, a committed dataset, an unfinished output (a failed run's) and a
     dataset of an earlier version without a claim are all replaced; a sibling file is not."""

@@ -37,6 +37,7 @@ import json
 import logging
 import os
 import posixpath
+import re
 import time
 import uuid
 from contextlib import contextmanager
@@ -220,12 +221,30 @@ def _chunk_shaped(key: str) -> bool:
     return digits.isascii() and digits.isdigit()
 
 
+# zarr's local store writes each object under a temporary name and renames it into place:
+# Path.with_suffix(".<32 hex>.partial"), so `.zattrs` is written as `.zattrs.<hex>.partial`,
+# `zarr.json` as `zarr.<hex>.partial` and chunk `c/7` as `c/7.<hex>.partial`. While a run
+# writes (or after it was killed mid-write) these are ours too.
+_ZARR_PARTIAL = re.compile(r"^(?P<stem>.+)\.[0-9a-f]{32}\.partial$")
+_ROOT_METADATA_STEMS = (".zattrs", ".zgroup", "zarr")
+
+
+def zarr_partial_of(name: str) -> str | None:
+    """The stem of one of zarr's temporary names (`.zattrs` of `.zattrs.<hex>.partial`), or None."""
+    match = _ZARR_PARTIAL.match(name)
+    return match.group("stem") if match else None
+
+
 def written_by_layout(relative: str, is_dir: bool, layouts: dict[str, ChunkObjects | None]) -> bool:
     """Whether `relative` (a path inside a split's directory) is one the layout writes there:
     the group's metadata, the arrays' directories and metadata, and the data objects their
     metadata implies. When an array's metadata is gone (a deletion killed midway), any
     chunk-shaped name in it counts as its own."""
     head, _, rest = relative.partition("/")
+    stem = None if is_dir else zarr_partial_of(posixpath.basename(relative))
+    if stem is not None:  # zarr writing (or killed writing) the object it will be renamed to
+        real = "zarr.json" if stem == "zarr" else stem
+        return written_by_layout(posixpath.join(posixpath.dirname(relative), real), False, layouts)
     if not rest:
         return (head in ARRAYS) if is_dir else (head in ROOT_METADATA)
     if head not in ARRAYS:
@@ -290,8 +309,11 @@ def inspect_output(url: str, storage_options: dict | None = None, own_run_id: st
 
 
 def _dataset_entry(name: str, is_dir: bool) -> bool:
-    """A top-level entry the layout writes: a split's directory, or a root metadata file."""
-    return name in SPLITS if is_dir else name in ROOT_METADATA
+    """A top-level entry the layout writes: a split's directory, or a root metadata file
+    (or zarr's temporary name for one, while it is written)."""
+    if is_dir:
+        return name in SPLITS
+    return name in ROOT_METADATA or zarr_partial_of(name) in _ROOT_METADATA_STEMS
 
 
 def listing(names, limit: int = LISTED_NAMES) -> str:
