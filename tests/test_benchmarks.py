@@ -15,7 +15,8 @@ def test_bench_pipeline_smoke(tmp_path):
     results, work = tmp_path / "bench.json", tmp_path / "work"
     proc = subprocess.run(
         [sys.executable, str(BENCH), "--input", str(corpus), "--tokenizer", str(SAMPLE / "tokenizer.json"),
-         "--rounds", "2", "--hf", "--scale", "2", "--codecs", "blosc-lz4", "--json", str(results), "--workdir", str(work)],
+         "--rounds", "2", "--hf", "--scales", "2x2,5", "--codecs", "blosc-lz4", "--json", str(results),
+         "--workdir", str(work)],
         cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
     out = proc.stdout
@@ -24,10 +25,13 @@ def test_bench_pipeline_smoke(tmp_path):
                   "cores (os.cpu_count)", "load average", "at start", "at end",
                   "zstd (default)", "blosc-lz4", "bytes/token", "self time by row",
                   "beam overhead", "tokenizer", "zarr/numcodecs", "orjson/json", "by step",
-                  "tokenize (TokenizeBatches)", "scale: input x2", "time per byte", "targets",
-                  "pipeline wall <= 2x", "pipeline CPU (user+sys) <= 2x", "peak RSS <= 1,024 MB",
-                  "peak RSS <= 1,536 MB at 2x", "time per byte at 2x <= 1.1x"):
+                  "tokenize (TokenizeBatches, staging)", "by input size", "RSS GB/GB", "targets",
+                  "1x: pipeline wall <= 1.7x", "1x: pipeline CPU (user+sys) <= 1.7x", "5x: pipeline wall <= 1.5x",
+                  "5x: pipeline CPU (user+sys) <= 1.5x", "1x: peak RSS <= 1,024 MB",
+                  "2x: peak RSS grows <= 0.1 GB per GB", "5x: peak RSS grows <= 0.1 GB per GB",
+                  "output bytes per token (default codec) <= 1.11"):
         assert field in out, f"{field!r} missing from:\n{out}"
+    assert "2x: pipeline wall <=" not in out  # the 1.5x target is issue 21's at 5x and beyond
 
     r = json.loads(results.read_text())
     assert r["cpu_count"] >= 1 and len(r["load_average_start"]) == 3 and len(r["load_average_end"]) == 3
@@ -47,8 +51,17 @@ def test_bench_pipeline_smoke(tmp_path):
     stages = dict(r["profile"]["stages"])
     assert stages["Beam Pipeline.run, of which:"] > 0
     assert r["profile"]["self_time"] and r["profile"]["total_seconds"] > 0
-    assert r["scale"]["k"] == 2 and r["scale"]["ratio"] > 0 and r["scale"]["tokens_kx"] == 2 * tokens["a"]
-    assert r["scale"]["peak_rss_mb_kx"] > 0 and r["scale"]["cpu_ratio"] > 0
+    levels = r["levels"]
+    assert [(lv["k"], lv["rounds"]) for lv in levels] == [(1, 2), (2, 2), (5, 1)]
+    for lv in levels:
+        assert set(lv["medians"]) == ({"a", "b", "c"} if lv["k"] == 1 else {"a", "b"})
+        assert lv["medians"]["a"]["tokens"] == lv["medians"]["b"]["tokens"] == lv["k"] * tokens["a"]
+        assert len(lv["runs"]["a"]) == len(lv["runs"]["b"]) == lv["rounds"]
+        assert lv["ratios"]["cpu"] == round(lv["medians"]["a"]["cpu_seconds"] / lv["medians"]["b"]["cpu_seconds"], 3)
+    for lv in levels[1:]:
+        grown = (lv["medians"]["a"]["peak_rss_mb_max"] - levels[0]["medians"]["a"]["peak_rss_mb_max"]) * 2**20 / 1e9
+        assert lv["rss_growth_gb_per_gb"] == round(grown / ((lv["input_bytes"] - r["input_bytes"]) / 1e9), 4)
+        assert lv["time_per_byte_vs_1x"] > 0
     assert not any(work.iterdir()), "the work directory is removed without --keep"
 
 
