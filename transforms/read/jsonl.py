@@ -44,10 +44,15 @@ def iter_lines(f, start: int = 0, stop: int | None = None):
         block = f.read(_READ_BLOCK)
         if not block:
             break
-        if b"\n" not in block:
+        lines = block.split(b"\n")
+        if len(lines) == 1:
             pending.append(block)
             continue
-        lines = (b"".join(pending) + block if pending else block).split(b"\n")
+        if pending:
+            # Only the line the last block left unfinished is joined: prepending it to the
+            # whole block copied every byte of the input once more.
+            pending.append(lines[0])
+            lines[0] = b"".join(pending)
         pending = [lines.pop()]
         for line in lines:
             yield pos, line
