@@ -1,4 +1,4 @@
-"""Smoke tests of benchmarks/bench_pipeline.py, bench_reader.py and simulate_scale.py on tiny inputs: they run end to end and
+"""Smoke tests of benchmarks/bench_pipeline.py, bench_reader.py, bench_resume.py, bench_codecs.py and simulate_scale.py on tiny inputs: they run end to end and
 report every field (no timing assertions: the numbers depend on the machine)."""
 import json
 import subprocess
@@ -150,3 +150,26 @@ def test_bench_resume_smoke(tmp_path):
     assert r["peak"]["staging_peak_bytes"] > 0 and r["medians"]["overhead_of_rounds"] == one["overhead"]
     assert r["medians"]["overhead"] == round(one["a"]["wall_seconds"] / one["b"]["wall_seconds"] - 1, 3)
     assert not any(work.iterdir()), "the work directory is removed without --keep"
+
+
+def test_bench_codecs_smoke(tmp_path):
+    """benchmarks/bench_codecs.py on a dataset the pipeline wrote: every setting's line, and
+    level 1 reports the dataset's own bytes per token for the chunks it re-encoded."""
+    corpus = write_jsonl(tmp_path / "c.jsonl", [f"document {i} " + "some words " * (i % 40) for i in range(3000)])
+    out = tmp_path / "out.zarr"
+    run_pipeline("--input", corpus, "--output", out, "--tokenizer", "bytes", "--tokens_chunk_size", "4096",
+                 "--quiet")
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_codecs.py"), str(out), "--chunks", "5",
+                           "--rounds", "1"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
+    lines = [line.strip() for line in proc.stdout.splitlines()]
+    assert lines[0].startswith("5 chunks of "), proc.stdout
+    for name in ("zstd level 1 (numcodecs)", "zstd level 3 (numcodecs)", "zstd level -1 (zstandard)"):
+        assert any(line.startswith(name) for line in lines), proc.stdout
+    folder = out / "train" / "encoded_tokens"
+    names = sorted((n for n in folder.iterdir() if n.name.isdigit()), key=lambda p: int(p.name))
+    step = max(1, len(names) // 5)
+    sampled = names[::step][:5]
+    stored = sum(p.stat().st_size for p in sampled) / (4096 * len(sampled))
+    level1 = next(line for line in lines if line.startswith("zstd level 1 (numcodecs)"))
+    assert abs(float(level1.split()[-2]) - stored) < 0.01, (level1, stored)
