@@ -193,13 +193,14 @@ class _Stopping:
     """SIGTERM (what schedulers and `docker stop` send) and SIGINT (Ctrl-C) end a run like a
     failure: its temporary files removed, its worker processes stopped, one line, exit
     128 + the signal (143, 130). Every local runner's worker thread dies with the process;
-    the output is left as a kill leaves it (the old dataset, or an unfinished output that
-    `verify` rejects; a rerun with --overwrite takes it over)."""
+    the output is left as a kill leaves it (the old dataset, or an unfinished output that the
+    same command resumes, or that a run with --overwrite replaces)."""
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
-    def __init__(self, output: str):
+    def __init__(self, output: str, resumable: bool = True):
         self.output = output
+        self.resumable = resumable  # not with --no_staging: nothing is kept for a rerun
         self.phase = "checking"  # then "running", then "committed"
         self.directories: list[str] = []
         self._saved = {}
@@ -224,8 +225,10 @@ class _Stopping:
         for path in reversed(self.directories):
             scratch.remove(path)
         what = {"checking": "before the pipeline started; nothing was written",
-                "running": f"before the run finished; {self.output} was not committed by this run "
-                           f"(`flat-tokens verify` shows what is there); its temporary files are removed",
+                "running": f"before the run finished; {self.output} was not committed by this run ("
+                           + ("rerun the same command to resume it" if self.resumable else
+                              "--no_staging kept nothing: rerun with --overwrite to replace it")
+                           + "); its temporary files are removed",
                 "committed": f"after {self.output} was committed; its temporary files are removed"}[self.phase]
         print(f"flat-tokens: stopped by {signal.Signals(signum).name} {what}", file=sys.stderr)
         logs.exit_process(128 + signum)
@@ -269,7 +272,7 @@ def main(argv=None) -> int:
     options = ViewsMadeOnce(argv)
     ft = options.view_as(FlatTokensOptions)
     logs.configure("verbose" if ft.verbose else "quiet" if ft.quiet else "info")
-    with _Stopping(ft.output) as stopping:
+    with _Stopping(ft.output, resumable=not ft.no_staging) as stopping:
         return _main(argv, options, ft, stopping)
 
 

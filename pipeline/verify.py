@@ -50,8 +50,9 @@ close_gcs_sessions_at_exit()
 SPLITS = ("train", "validation")
 MAX_ID = 2**31 - 1
 DEFAULT_BLOCK = 1 << 22
-UNFINISHED = ("unfinished output: the run that wrote it did not finish (no root group metadata); "
-              "rerun with --overwrite")
+# What a user does next: the command that made an unfinished output resumes it (issue 20).
+RERUN = "rerun the command that wrote it to resume it, or any command with --overwrite to replace it"
+UNFINISHED = f"unfinished output: the run that wrote it did not finish (no root group metadata); {RERUN}"
 
 
 class CannotOpen(Exception):
@@ -155,7 +156,7 @@ def check_commit(attrs: dict) -> str | None:
     complete = attrs.get("complete")
     if complete is not True:
         return (f"unfinished output: root attribute complete is {complete!r}, not true, so the run "
-                f"that wrote it did not finish; rerun with --overwrite")
+                f"that wrote it did not finish; {RERUN}")
     return None
 
 

@@ -84,13 +84,30 @@ def test_a_stopped_run_removes_its_temporary_files_and_says_so_in_one_line(tmp_p
     lines = stderr.strip().splitlines()
     name = signal.Signals(signum).name
     assert lines == [f"flat-tokens: stopped by {name} before the run finished; {out} was not committed by this "
-                     f"run (`flat-tokens verify` shows what is there); its temporary files are removed"], stderr
+                     f"run (rerun the same command to resume it); its temporary files are removed"], stderr
     assert sorted(os.listdir(temp)) == ["beam-pipeline-tempsomeone"]
     for _ in range(2000):  # the workers were told to stop: they must go
         if not processes_with(temp):
             break
         time.sleep(0.01)
     assert not processes_with(temp)
+
+
+@pytest.mark.parametrize("more, rerun, advice", [
+    ([], [], "rerun the same command to resume it"),
+    (["--no_staging"], ["--overwrite"], "--no_staging kept nothing: rerun with --overwrite to replace it"),
+], ids=["staged", "no-staging"])
+def test_the_stop_message_says_how_to_go_on_and_that_way_works(tmp_path, corpus, more, rerun, advice):
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    out = tmp_path / "out.zarr"
+    proc = start(temp, *args(corpus, out, *more))
+    wait_until_spilled(proc, temp, out)
+    os.kill(proc.pid, signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 143 and f"({advice})" in stderr, stderr
+    run_pipeline(*args(corpus, out, *more, *rerun), "--quiet")
+    assert verify.verify_dataset(str(out)) == []
 
 
 def test_a_later_run_removes_what_killed_runs_of_this_tool_left_and_nothing_else(tmp_path, corpus):
