@@ -111,6 +111,7 @@ def build_pipeline(p: beam.Pipeline, plan: JobPlan):
         CheckRejectedFraction(plan.max_rejected_fraction, plan.rejected_url),
         beam.pvalue.AsList(reports), singleton(created))
     receipts = shards | "WriteFlatTokens" >> WriteFlatTokens(
-        plan.target, layout_view, singleton(ready), area, written, resume.chunks if resume else frozenset())
+        plan.target, layout_view, singleton(ready), area, written, resume.chunks if resume else frozenset(),
+        plan.spill_dir)
     return (receipts, layout, counts) | "CommitDataset" >> CommitDataset(
         plan.target, plan.provenance, plan.mixture, area)

@@ -1,6 +1,7 @@
 """Shard parts' ids spilled to local disk on local runners (transforms/shuffle/spill.py)."""
 import hashlib
 import os
+import pickle
 import re
 
 import numpy as np
@@ -9,6 +10,7 @@ import pytest
 from tests.helpers import run_pipeline, write_jsonl
 from transforms.records import TokenizedBatch
 from transforms.shuffle import spill
+from transforms.shuffle.spill import SpilledFragment, fragment_values, spill_fragment
 from transforms.shuffle.shuffle_globally import KeyByShard, sort_shard, split_and_shard
 
 NUM_SHARDS = {"train": 3, "validation": 2}
@@ -94,3 +96,19 @@ def test_a_local_run_removes_its_spill_directory_and_nothing_else(tmp_path, outc
     assert os.path.dirname(used) == str(temp) and os.path.basename(used).startswith(spill.PREFIX)
     assert sorted(os.listdir(temp)) == [f"{spill.PREFIX}someone-else"]
     assert (temp / f"{spill.PREFIX}someone-else" / "x.ids").read_bytes() == b"not ours"
+
+
+def test_a_spilled_fragment_holds_its_values_and_a_retry_writes_the_same_file(tmp_path):
+    values = np.arange(1000, dtype=np.uint32) * 2 + 1
+    key = ("train", "encoded_tokens", 7)
+    k, (start, spilled) = spill_fragment((key, (1_835_000, values)), str(tmp_path))
+    assert (k, start) == (key, 1_835_000) and isinstance(spilled, SpilledFragment)
+    first = open(spilled.path, "rb").read()
+    assert spill_fragment((key, (1_835_000, values.copy())), str(tmp_path))[1][1] == spilled  # a retried bundle
+    assert open(spilled.path, "rb").read() == first and os.listdir(tmp_path) == [os.path.basename(spilled.path)]
+    got = fragment_values(pickle.loads(pickle.dumps(spilled)))
+    assert got.dtype == values.dtype and np.array_equal(got, values)
+    assert fragment_values(values) is values  # fragments of remote runs travel as they are
+    os.remove(spilled.path)
+    with pytest.raises(FileNotFoundError, match=os.path.basename(spilled.path)):
+        fragment_values(spilled)

@@ -1,4 +1,5 @@
-"""Shard parts' token ids on local disk instead of in the runner's memory (local runners).
+"""Shard parts' token ids, and the pieces of shared chunks, on local disk instead of in the
+runner's memory (local runners).
 
 The in-process runner holds every element that crosses a GroupByKey in memory until the
 group is read, and copies it on the way several times: measured on the 250 MB benchmark,
@@ -83,6 +84,46 @@ def spill_ids(directory: str, file_key: str, first_offset: int, ids: np.ndarray)
         f.write(np.ascontiguousarray(ids).data)
     os.replace(temporary, path)
     return path
+
+
+@dataclass(frozen=True)
+class SpilledFragment:
+    """A piece of a shared chunk (transforms/write/chunk_writers.py) waiting on local disk
+    for the merge step, instead of in the runner's memory: every shard end leaves up to a
+    chunk of values (1 MiB of encoded tokens) that waits until the last shard is written,
+    and the in-process runner held them several times over (issue 21: 85 MB, four times, at
+    the peak of a 5 GB run)."""
+
+    path: str
+    dtype: str
+    size: int
+
+    def values(self) -> np.ndarray:
+        values = np.fromfile(self.path, dtype=self.dtype)  # FileNotFoundError names the path
+        if values.size != self.size:
+            raise RuntimeError(f"shared-chunk fragment {self.path}: {values.size} values, expected {self.size}; "
+                               f"was the run's temporary directory changed while it ran?")
+        return values
+
+
+def spill_fragment(fragment, directory: str):
+    """(chunk key, (start, values)) -> the same with the values in a file of `directory`. The
+    file's name is the fragment's place (split, array, chunk, first element), which one
+    writer owns: a retried bundle writes the same bytes under the same name."""
+    key, (start, values) = fragment
+    split, name, index = key
+    values = np.ascontiguousarray(values)
+    path = os.path.join(directory, f"fragment-{split}-{name}-{index}-{start}.values")
+    temporary = f"{path}.{uuid.uuid4().hex}.tmp"
+    with open(temporary, "wb") as f:
+        f.write(values.data)
+    os.replace(temporary, path)
+    return key, (start, SpilledFragment(path, values.dtype.str, int(values.size)))
+
+
+def fragment_values(values) -> np.ndarray:
+    """A fragment's values, whether they travelled as they are or were spilled."""
+    return values.values() if isinstance(values, SpilledFragment) else values
 
 
 def make_directory(run_id: str, root: str | None = None) -> str:

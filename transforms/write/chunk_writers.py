@@ -20,6 +20,7 @@ import numpy as np
 
 from transforms.progress import counter, show_written
 from transforms.records import SortedShard
+from transforms.shuffle.spill import fragment_values, spill_fragment
 from transforms.write import layout as plan
 from transforms.write import ownership
 from transforms.write import zarr_store as store
@@ -199,7 +200,7 @@ class WriteSharedChunks(beam.DoFn):
         (split, name, index), fragments = keyed
         length = array_length(name, layout[split].tokens, layout[split].sequences)
         a, b = plan.block_span(index, self._target.write_block(name), length)
-        fragments = sorted(fragments, key=lambda f: f[0])
+        fragments = sorted(((start, fragment_values(values)) for start, values in fragments), key=lambda f: f[0])
         position = a
         for start, values in fragments:
             if start != position:
@@ -233,7 +234,8 @@ class WriteFlatTokens(beam.PTransform):
     receipts and fragments of the shards an earlier attempt wrote, and `written` names the
     shared chunks it wrote."""
 
-    def __init__(self, target: StoreTarget, layout, ready, area=None, replayed=None, written: frozenset = frozenset()):
+    def __init__(self, target: StoreTarget, layout, ready, area=None, replayed=None, written: frozenset = frozenset(),
+                 spill_dir: str | None = None):
         super().__init__()
         self._target = target
         self._layout = layout
@@ -241,6 +243,7 @@ class WriteFlatTokens(beam.PTransform):
         self._area = area
         self._replayed = replayed
         self._written = written
+        self._spill_dir = spill_dir  # local runs: fragments wait there (transforms/shuffle/spill.py)
 
     def expand(self, shards):
         layout, ready = self._layout, self._ready
@@ -257,9 +260,11 @@ class WriteFlatTokens(beam.PTransform):
         if self._replayed is not None:
             fragments += (self._replayed.fragments,)
             receipts += (self._replayed.receipts,)
+        gathered = fragments | "GatherFragments" >> beam.Flatten()
+        if self._spill_dir:
+            gathered = gathered | "SpillFragments" >> beam.Map(spill_fragment, self._spill_dir)
         shared = (
-            fragments
-            | "GatherFragments" >> beam.Flatten()
+            gathered
             | "GroupByChunk" >> beam.GroupByKey()
             | "WriteSharedChunks" >> beam.ParDo(
                 WriteSharedChunks(self._target, self._area, self._written), layout, ready))
