@@ -83,6 +83,26 @@ def narrowest_ids(ids: np.ndarray, top: int | None = None) -> np.ndarray:
 # set both the shuffle's time and its memory. LZ4 is single-threaded and deterministic.
 _SHUFFLE_CODEC = numcodecs.LZ4(acceleration=1)
 
+# A part's four 8-byte keys per document cross the runner byte-planed (every value's first
+# byte, then every second byte, ...) and LZ4'd: salts repeat, lengths and offsets are small
+# or grow slowly, so their high planes vanish (~12.5 bytes a document instead of 32). The
+# in-process runner holds a GroupByKey's whole encoded output several times while it feeds
+# the next stage, and parts (batches x shards) grow faster than the corpus (issue 21).
+_KEYS = ("order_hashes", "salts", "offsets", "lengths")
+
+
+def _pack_keys(keys: list[np.ndarray]) -> bytes:
+    flat = np.concatenate([np.ascontiguousarray(k).view(np.uint64) for k in keys])
+    return _SHUFFLE_CODEC.encode(np.ascontiguousarray(flat.view(np.uint8).reshape(-1, 8).T)) if flat.size else b""
+
+
+def _unpack_keys(packed: bytes, n: int, dtypes: list[str]) -> list[np.ndarray]:
+    if not n:
+        return [np.empty(0, dtype=d) for d in dtypes]
+    planes = np.frombuffer(_SHUFFLE_CODEC.decode(packed), dtype=np.uint8).reshape(8, -1)
+    flat = np.ascontiguousarray(planes.T).view(np.uint64).ravel()
+    return [flat[i * n:(i + 1) * n].view(d) for i, d in enumerate(dtypes)]
+
 
 @dataclass
 class ShardPart:
@@ -122,7 +142,14 @@ class ShardPart:
         state = dict(self.__dict__)
         if state["raw_ids"] is not None:
             state["packed_ids"], state["raw_ids"] = _SHUFFLE_CODEC.encode(state["raw_ids"]), None
+        keys = [state.pop(name) for name in _KEYS]
+        state["packed_keys"] = ([k.dtype.str for k in keys], len(keys[0]), _pack_keys(keys))
         return state
+
+    def __setstate__(self, state):
+        dtypes, n, packed = state.pop("packed_keys")
+        state.update(zip(_KEYS, _unpack_keys(packed, n, dtypes)))
+        self.__dict__.update(state)
 
 
 class EncodedTokens:
