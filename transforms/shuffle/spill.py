@@ -79,11 +79,16 @@ def batch_file_name(file_key: str, first_offset: int) -> str:
 def spill_ids(directory: str, file_key: str, first_offset: int, ids: np.ndarray) -> str:
     """Writes one batch's ids to its file, as they are; returns the file's path."""
     path = os.path.join(directory, batch_file_name(file_key, first_offset))
+    _write_whole(path, np.ascontiguousarray(ids))
+    return path
+
+
+def _write_whole(path: str, values: np.ndarray) -> None:
+    """Under a temporary name, then renamed into place: a reader never sees half a file."""
     temporary = f"{path}.{uuid.uuid4().hex}.tmp"
     with open(temporary, "wb") as f:
-        f.write(np.ascontiguousarray(ids).data)
+        f.write(values.data)
     os.replace(temporary, path)
-    return path
 
 
 @dataclass(frozen=True)
@@ -114,10 +119,7 @@ def spill_fragment(fragment, directory: str):
     split, name, index = key
     values = np.ascontiguousarray(values)
     path = os.path.join(directory, f"fragment-{split}-{name}-{index}-{start}.values")
-    temporary = f"{path}.{uuid.uuid4().hex}.tmp"
-    with open(temporary, "wb") as f:
-        f.write(values.data)
-    os.replace(temporary, path)
+    _write_whole(path, values)
     return key, (start, SpilledFragment(path, values.dtype.str, int(values.size)))
 
 
