@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pipeline import __version__
 from pipeline.options import OPTIONS, FlatTokensOptions
 from transforms import staging
+from transforms.read.staged_reads import unit_start
 from transforms.staging import StagingArea, Staged
 from transforms.write.ownership import CONFLICT_PREFIX
 from transforms.write.zarr_store import array_length
@@ -81,7 +82,7 @@ class Resume:
     def unread(self, units: list) -> list:
         """The units (ReadRanges or RowGroups) that must be read: those not replayed."""
         replayed = {u for u, _, _ in self.units}
-        return [u for u in units if self.area.unit_of(u.file.key, _start(u)) not in replayed]
+        return [u for u in units if self.area.unit_of(u.file.key, unit_start(u)) not in replayed]
 
     def report(self, stats: dict) -> dict:
         """How much was reused, for the summary."""
@@ -92,10 +93,6 @@ class Resume:
                 total += -(-length // self.target.write_block(name))
         return {"input_units": len(self.units), "input_units_total": self.unit_total,
                 "chunks": self.reused_chunks, "chunks_total": total}
-
-
-def _start(unit) -> int:
-    return unit.first_row if hasattr(unit, "first_row") else unit.start
 
 
 def unit_keys(plan, storage_options: dict | None = None) -> tuple[dict, dict]:
@@ -117,7 +114,7 @@ def unit_keys(plan, storage_options: dict | None = None) -> tuple[dict, dict]:
             "key": f.key, "url": url, "size": f.size, "version": versions[f.key], "split": f.split,
             "format": f.format, "compression": f.compression, "text_key": f.text_key or plan.text_key},
             "unit": _unit_where(unit)})
-        by_file.setdefault(f.key, []).append((_start(unit), key))
+        by_file.setdefault(f.key, []).append((unit_start(unit), key))
         sizes[key] = _unit_text_bytes(unit)
     return {k: ([s for s, _ in sorted(v)], [u for _, u in sorted(v)]) for k, v in by_file.items()}, sizes
 
