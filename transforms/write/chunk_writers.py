@@ -255,16 +255,19 @@ class WriteFlatTokens(beam.PTransform):
             | "Once" >> beam.Impulse()
             | "WriteEndMarkers" >> beam.ParDo(WriteEndMarkers(self._target), layout, ready)
             .with_outputs(WriteOwnedChunks.FRAGMENTS, main="receipts"))
-        fragments = (owned.fragments, markers.fragments)
+        fragments = {"Owned": owned.fragments, "Markers": markers.fragments}
         receipts = (owned.receipts, markers.receipts)
         if self._replayed is not None:
-            fragments += (self._replayed.fragments,)
+            fragments["Replayed"] = self._replayed.fragments
             receipts += (self._replayed.receipts,)
-        gathered = fragments | "GatherFragments" >> beam.Flatten()
         if self._spill_dir:
-            gathered = gathered | "SpillFragments" >> beam.Map(spill_fragment, self._spill_dir)
+            # Spilled where they are made, so that the step fuses with their writer: after the
+            # Flatten, the in-process runner would first hold every fragment's tokens in memory.
+            fragments = {name: pieces | f"Spill{name}Fragments" >> beam.Map(spill_fragment, self._spill_dir)
+                         for name, pieces in fragments.items()}
         shared = (
-            gathered
+            tuple(fragments.values())
+            | "GatherFragments" >> beam.Flatten()
             | "GroupByChunk" >> beam.GroupByKey()
             | "WriteSharedChunks" >> beam.ParDo(
                 WriteSharedChunks(self._target, self._area, self._written), layout, ready))
