@@ -173,3 +173,23 @@ def test_bench_codecs_smoke(tmp_path):
     stored = sum(p.stat().st_size for p in sampled) / (4096 * len(sampled))
     level1 = next(line for line in lines if line.startswith("zstd level 1 (numcodecs)"))
     assert abs(float(level1.split()[-2]) - stored) < 0.01, (level1, stored)
+
+
+def test_bench_page_cost_smoke(tmp_path):
+    """benchmarks/bench_page_cost.py: one line per measurement, each with its size and
+    seconds, and nothing left in the directory it wrote into."""
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_page_cost.py"), "--mb", "8",
+                           "--dir", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
+    lines = proc.stdout.splitlines()
+    assert [line.split("  ")[0] for line in lines] == [
+        "write into a new file", "write into another new file", "write into a new file, after deleting one",
+        "touch fresh anonymous memory (first time)", "touch fresh anonymous memory (second time)",
+        "touch fresh anonymous memory (third time)"], proc.stdout
+    for line in lines:
+        fields = line.split()
+        assert "8 MiB" in line and all(float(fields[fields.index(k) + 1]) >= 0 for k in ("wall", "sys", "sys/GiB"))
+    assert list(tmp_path.iterdir()) == []
+    bad = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_page_cost.py"), "--mb", "6"],
+                         cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--mb must be a positive multiple of 4" in bad.stderr
