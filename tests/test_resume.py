@@ -313,6 +313,51 @@ def test_a_batch_that_failed_the_tokenizer_guard_is_never_reused(tmp_path):
     assert proc.returncode == 1 and RARE_MARKER in proc.stderr
 
 
+def stage_batches(area, batches):
+    """One bundle of TokenizeAndStage (the bytes tokenizer) over `batches`, as a runner drives
+    it; returns what it emitted, or raises what finishing the bundle raised."""
+    import numpy as np
+
+    from transforms.records import DocumentBatch
+    from transforms.tokenize.staged import TokenizeAndStage
+    from transforms.tokenize.tokenizer import resolve_tokenizer
+
+    fn = TokenizeAndStage(resolve_tokenizer("bytes"), area)
+    fn.setup()
+    try:
+        fn.start_bundle()
+        out = [t for key, texts in batches for t in fn.process(
+            DocumentBatch(key, "auto", np.arange(len(texts), dtype=np.uint64) * 100, texts))]
+        fn.finish_bundle()
+        return out
+    finally:
+        fn.teardown()
+
+
+def test_staged_ids_are_written_while_the_next_batch_is_tokenized_and_a_failed_write_fails_the_bundle(tmp_path):
+    """A batch goes on naming the file its ids are being written to; once the bundle has
+    finished every file holds its batch's ids and each batch is staged whole. A write that
+    fails (here: a file stands where the unit's folder goes) fails the bundle, and that
+    batch's documents are never staged, so no rerun can trust it."""
+    units = {"0:a.jsonl": ([0], ["a" * 32]), "1:b.jsonl": ([0], ["b" * 32])}
+    area = staging.StagingArea(str(tmp_path / "out"), unit_keys=units)
+    out = stage_batches(area, [("0:a.jsonl", ["one", "two"]), ("1:b.jsonl", ["three", "four", "five"])])
+    assert [t.ids_file for t in out] == [area.batch_ids_path(u[1][0], 0) for u in units.values()]
+    for t in out:
+        assert open(t.ids_file, "rb").read() == t.ids.tobytes() and t.ids.size > 0
+        assert os.path.exists(t.ids_file.removesuffix(staging.IDS) + staging.BATCH)
+
+    broken = staging.StagingArea(str(tmp_path / "broken"), unit_keys=units)
+    folder = tmp_path / "broken" / STAGING / "units"
+    folder.mkdir(parents=True)
+    (folder / ("b" * 32)).write_text("not a folder")
+    with pytest.raises(OSError):
+        stage_batches(broken, [("0:a.jsonl", ["one", "two"]), ("1:b.jsonl", ["three"])])
+    assert sorted(p.name for p in (folder / ("a" * 32)).iterdir()) == [
+        staging.place_name(0) + staging.BATCH, staging.place_name(0) + staging.IDS]
+    assert (folder / ("b" * 32)).read_text() == "not a folder"
+
+
 def test_a_unit_is_trusted_only_with_its_account_and_every_batch(tmp_path):
     a = staging.StagingArea(str(tmp_path / "out"))
     unit = "0" * 32

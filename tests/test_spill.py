@@ -28,11 +28,23 @@ def files_of(directory):
     return {name: hashlib.sha256((directory / name).read_bytes()).hexdigest() for name in os.listdir(directory)}
 
 
+def key_by_shard(fn: KeyByShard, *batches) -> list:
+    """One bundle of the DoFn, as a runner drives it: its outputs, once the bundle finished."""
+    fn.setup()
+    try:
+        fn.start_bundle()
+        out = [kp for batch in batches for kp in fn.process(batch)]
+        fn.finish_bundle()
+        return out
+    finally:
+        fn.teardown()
+
+
 def test_spilled_parts_hold_the_same_documents_and_a_retry_writes_the_same_file(tmp_path):
     batch = a_batch()
     in_band = list(split_and_shard(batch, 7, 0.2, NUM_SHARDS))
     fn = KeyByShard(7, 0.2, NUM_SHARDS, str(tmp_path))
-    spilled = list(fn.process(batch))
+    spilled = key_by_shard(fn, batch)
     first = files_of(tmp_path)
     assert len(first) == 1, "one file per batch, whatever the number of shards it hits"
     assert len(spilled) == len(in_band) > 1
@@ -40,7 +52,7 @@ def test_spilled_parts_hold_the_same_documents_and_a_retry_writes_the_same_file(
         assert key == key_in_band and part.raw_ids is None and part.packed_ids is None and part.spilled
         assert np.array_equal(part.ids(), part_in_band.ids()) and part.ids().dtype == part_in_band.ids().dtype
         assert np.array_equal(part.offsets, part_in_band.offsets)
-    assert list(fn.process(batch))[0][1].spilled == spilled[0][1].spilled  # a retried bundle: same place
+    assert key_by_shard(fn, batch)[0][1].spilled == spilled[0][1].spilled  # a retried bundle: same place
     assert files_of(tmp_path) == first, "a retry rewrites the same bytes under the same name, and leaves no temporary"
 
 
@@ -48,7 +60,7 @@ def test_a_shard_sorts_the_same_from_spilled_and_in_band_parts(tmp_path):
     batches = [a_batch(seed, 200) for seed in range(3)]
     batches = [TokenizedBatch(f"{i}:f{i}.jsonl", b.split, b.offsets, b.lengths, b.ids, 0) for i, b in enumerate(batches)]
     fn = KeyByShard(1, 0.0, NUM_SHARDS, str(tmp_path))
-    spilled = [kp for b in batches for kp in fn.process(b) if kp[0] == ("train", 1)]
+    spilled = [kp for kp in key_by_shard(fn, *batches) if kp[0] == ("train", 1)]
     in_band = [kp for b in batches for kp in split_and_shard(b, 1, 0.0, NUM_SHARDS) if kp[0] == ("train", 1)]
     a = sort_shard((("train", 1), [p for _, p in spilled]))
     b = sort_shard((("train", 1), [p for _, p in in_band]))
@@ -57,7 +69,7 @@ def test_a_shard_sorts_the_same_from_spilled_and_in_band_parts(tmp_path):
 
 
 def test_a_spilled_part_whose_file_is_gone_fails_with_its_path(tmp_path):
-    (_, part), *_ = KeyByShard(0, 0.0, NUM_SHARDS, str(tmp_path)).process(a_batch())
+    (_, part), *_ = key_by_shard(KeyByShard(0, 0.0, NUM_SHARDS, str(tmp_path)), a_batch())
     os.remove(part.spilled.path)
     with pytest.raises(FileNotFoundError, match=os.path.basename(part.spilled.path)):
         part.ids()
@@ -65,6 +77,31 @@ def test_a_spilled_part_whose_file_is_gone_fails_with_its_path(tmp_path):
         f.write(b"short")
     with pytest.raises(RuntimeError, match="expected .* bytes"):
         part.ids()
+
+
+def test_a_batch_goes_on_while_its_ids_are_written_and_a_failed_write_fails_the_bundle(tmp_path):
+    """The ids are written on a thread while the next batch is tokenized: the parts name the
+    file at once, it holds the ids once the bundle has finished, and a write that fails
+    fails the bundle (here: the spill directory is gone)."""
+    batches = [TokenizedBatch(f"{i}:f{i}.jsonl", "auto", b.offsets, b.lengths, b.ids, 0)
+               for i, b in enumerate(a_batch(seed, 100) for seed in range(3))]
+    out = key_by_shard(KeyByShard(3, 0.1, NUM_SHARDS, str(tmp_path)), *batches)
+    named = {part.spilled.path for _, part in out}
+    assert named == {str(tmp_path / name) for name in os.listdir(tmp_path)} and len(named) == 3
+    for batch in batches:
+        path = spill.batch_file_path(str(tmp_path), batch.file_key, int(batch.offsets[0]))
+        assert np.array_equal(np.fromfile(path, dtype=batch.ids.dtype), batch.ids)
+    gone = tmp_path / "gone"
+    fn = KeyByShard(3, 0.1, NUM_SHARDS, str(gone))
+    fn.setup()
+    try:
+        fn.start_bundle()
+        parts = list(fn.process(batches[0]))
+        assert parts and all(part.spilled.path.startswith(str(gone)) for _, part in parts)
+        with pytest.raises(FileNotFoundError, match="gone"):
+            fn.finish_bundle()
+    finally:
+        fn.teardown()
 
 
 def test_only_spill_directories_are_removed(tmp_path):

@@ -146,8 +146,16 @@ class StagingArea:
         """Stages a batch's ids; returns their local path (which the shuffle may map), else None."""
         ids = np.ascontiguousarray(ids)
         data = ids.data if self.local else _IDS_CODEC.encode(ids)
-        path = self.put(f"{UNITS}/{unit}/{place_name(place)}{IDS}", data)
-        return path if self.local else None
+        self.put(self._batch_ids(unit, place), data)
+        return self.batch_ids_path(unit, place)
+
+    def batch_ids_path(self, unit: str, place: int) -> str | None:
+        """Where put_batch_ids puts a batch's ids when the area is on local disk, else None."""
+        return self.path(self._batch_ids(unit, place)) if self.local else None
+
+    @staticmethod
+    def _batch_ids(unit: str, place: int) -> str:
+        return f"{UNITS}/{unit}/{place_name(place)}{IDS}"
 
     def batch_documents(self, batch: TokenizedBatch) -> bytes:
         """What put_batch stages of a batch: everything but its ids (a few bytes per document)."""

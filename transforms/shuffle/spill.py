@@ -76,9 +76,14 @@ def batch_file_name(file_key: str, first_offset: int) -> str:
     return f"{digest}-{first_offset:016x}.ids"
 
 
+def batch_file_path(directory: str, file_key: str, first_offset: int) -> str:
+    """Where spill_ids puts the ids of the batch that starts at `first_offset` of `file_key`."""
+    return os.path.join(directory, batch_file_name(file_key, first_offset))
+
+
 def spill_ids(directory: str, file_key: str, first_offset: int, ids: np.ndarray) -> str:
     """Writes one batch's ids to its file, as they are; returns the file's path."""
-    path = os.path.join(directory, batch_file_name(file_key, first_offset))
+    path = batch_file_path(directory, file_key, first_offset)
     _write_whole(path, np.ascontiguousarray(ids))
     return path
 

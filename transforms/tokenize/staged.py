@@ -10,6 +10,7 @@ reading and tokenizing it gave: its TokenizedBatches, and the reader's rejected 
 count and counts. Downstream nothing can tell the two apart: they are the same values.
 """
 from collections import Counter, deque
+from concurrent.futures import ThreadPoolExecutor
 
 import apache_beam as beam
 
@@ -24,14 +25,26 @@ class TokenizeAndStage(TokenizeBatches):
 
     A sampled batch's documents are staged once its comparison has finished and passed; the
     comparisons run one at a time on the guard's thread (TokenizeBatches), so at most the
-    batches since the last sampled one wait, in order."""
+    batches since the last sampled one wait, in order.
+
+    A batch's ids are written on a thread of their own while the next batch is read and
+    tokenized (writing them into new page-cache pages is most of a local run's system time:
+    docs/performance.md), one batch at a time, so that at most two batches' ids are held.
+    The batch goes on at once, naming the file it will be in: nothing reads that file before
+    the bundle ends, and the bundle does not end (nor are the batch's documents staged)
+    before the write has landed; a failed write fails the bundle."""
 
     def __init__(self, info, area, storage_options: dict | None = None, progress_dir: str | None = None,
                  digests: bool = False):
         super().__init__(info, storage_options, progress_dir, digests)
         self._area = area  # transforms.staging.StagingArea
-        # (unit, place, the batch's documents, its comparison or None): ids staged, documents not yet
+        # (unit, place, the batch's documents, its ids' write, its comparison or None): documents not staged yet
         self._unchecked = deque()
+        self._writer = None
+
+    def setup(self):
+        super().setup()
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="flat-tokens-stage")
 
     def start_bundle(self):
         super().start_bundle()
@@ -43,8 +56,11 @@ class TokenizeAndStage(TokenizeBatches):
         before = self._checking
         for tokenized in super().process(batch):
             own = self._checking if self._checking is not before else None  # a new comparison: this batch's
-            tokenized.ids_file = self._area.put_batch_ids(unit, place, tokenized.ids)
-            self._unchecked.append((unit, place, self._area.batch_documents(tokenized), own))
+            if self._unchecked:
+                self._unchecked[-1][3].result()  # one write in flight
+            written = self._writer.submit(self._area.put_batch_ids, unit, place, tokenized.ids)
+            tokenized.ids_file = self._area.batch_ids_path(unit, place)
+            self._unchecked.append((unit, place, self._area.batch_documents(tokenized), written, own))
             self._stage_checked()
             yield tokenized
 
@@ -52,15 +68,22 @@ class TokenizeAndStage(TokenizeBatches):
         super().finish_bundle()  # waits for the last comparison, raising any difference
         self._stage_checked(wait=True)
 
+    def teardown(self):
+        if self._writer:
+            self._writer.shutdown()
+        super().teardown()
+
     def _stage_checked(self, wait: bool = False):
-        """Stages the documents of the waiting batches, in order, while their comparisons have
-        passed (a difference raises here: that batch is never staged whole)."""
+        """Stages the documents of the waiting batches, in order, once their ids have landed and
+        their comparisons have passed (a failed write or a difference raises here: that batch
+        is never staged whole)."""
         while self._unchecked:
-            unit, place, documents, comparison = self._unchecked[0]
-            if comparison is not None:
-                if not (wait or comparison.done()):
-                    return
-                comparison.result()
+            unit, place, documents, written, comparison = self._unchecked[0]
+            for pending in (written, comparison):
+                if pending is not None:
+                    if not (wait or pending.done()):
+                        return
+                    pending.result()
             self._area.put_batch(unit, place, documents)
             self._unchecked.popleft()
 
