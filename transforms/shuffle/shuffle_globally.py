@@ -6,7 +6,6 @@ fall into, and sort each shard by hash. The shard sizes are known before the gro
 so offsets can be laid out while the shuffle runs (see transforms.write.chunk_writers).
 """
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import apache_beam as beam
@@ -19,6 +18,7 @@ from transforms.records import SPLITS, DistinctBatch, EncodedTokens, ShardPart, 
 from transforms.segments import SLICE_WHEN_AVERAGE_LENGTH, gather_segments, groups_of, take_documents
 from transforms.shuffle import spill
 from transforms.shuffle.sources import document_sources
+from transforms.write_behind import WriteBehind
 
 # Shards whose documents are at least this long on average are not gathered into one array
 # here: the writer copies each chunk's documents straight from the parts as it encodes the
@@ -202,10 +202,8 @@ class KeyByShard(beam.DoFn):
     on (transforms/shuffle/spill.py); a batch staged on local disk (`ids_file`) is referred to
     where it lies.
 
-    A batch's ids are written on a thread while the next batch is read and tokenized, one
-    batch at a time (as transforms/tokenize/staged.py writes staged ones); its parts go on at
-    once, naming the file: nothing reads it before the bundle ends, and the bundle does not
-    end before the write has landed (a failed write fails it)."""
+    A batch's ids are written on a thread while the next batch is read and tokenized
+    (transforms/write_behind.py); its parts go on at once, naming the file."""
 
     def __init__(self, seed: int, validation_fraction: float, num_shards: dict[str, int],
                  spill_dir: str | None = None, record_sources: list[int] | None = None,
@@ -216,38 +214,34 @@ class KeyByShard(beam.DoFn):
         self._spill_dir = spill_dir
         self._record_sources = record_sources
         self._finished = finished
-        self._writer = self._writing = None
+        self._writer = None
 
     def setup(self):
         if self._spill_dir:
-            self._writer = ThreadPoolExecutor(1, thread_name_prefix="flat-tokens-spill")
+            self._writer = WriteBehind("flat-tokens-spill")
 
     def start_bundle(self):
-        self._writing = None  # a failed bundle's write is not this bundle's
+        if self._writer:
+            self._writer.forget()
 
     def process(self, batch, sampling=None, source_of_input=None):
         spilled_to = None
         if self._spill_dir and batch.lengths.size:
             spilled_to = getattr(batch, "ids_file", None)
             if spilled_to is None:
-                self._wait_for_write()  # one write in flight
-                spilled_to = spill.batch_file_path(self._spill_dir, *batch_identity(batch))
-                self._writing = self._writer.submit(spill.spill_ids, self._spill_dir, *batch_identity(batch),
-                                                    batch.ids)
+                identity = batch_identity(batch)
+                self._writer.submit(spill.spill_ids, self._spill_dir, *identity, batch.ids)
+                spilled_to = spill.batch_file_path(self._spill_dir, *identity)
         yield from split_and_shard(batch, self._seed, self._validation_fraction, self._num_shards,
                                    sampling, source_of_input, spilled_to, self._record_sources, self._finished)
 
     def finish_bundle(self):
-        self._wait_for_write()
+        if self._writer:
+            self._writer.wait()
 
     def teardown(self):
         if self._writer:
-            self._writer.shutdown()
-
-    def _wait_for_write(self) -> None:
-        writing, self._writing = self._writing, None
-        if writing is not None:
-            writing.result()  # raises the write's error
+            self._writer.close()
 
 
 def batch_identity(batch) -> tuple[str, int]:

@@ -10,7 +10,6 @@ reading and tokenizing it gave: its TokenizedBatches, and the reader's rejected 
 count and counts. Downstream nothing can tell the two apart: they are the same values.
 """
 from collections import Counter, deque
-from concurrent.futures import ThreadPoolExecutor
 
 import apache_beam as beam
 
@@ -18,6 +17,7 @@ from transforms.progress import ProgressFile
 from transforms.read.jsonl_documents import COUNTS, LINE_COUNTS, REJECTED
 from transforms.records import TokenizedBatch
 from transforms.tokenize.tokenizer import TokenizeBatches
+from transforms.write_behind import WriteBehind
 
 
 class TokenizeAndStage(TokenizeBatches):
@@ -27,12 +27,9 @@ class TokenizeAndStage(TokenizeBatches):
     comparisons run one at a time on the guard's thread (TokenizeBatches), so at most the
     batches since the last sampled one wait, in order.
 
-    A batch's ids are written on a thread of their own while the next batch is read and
-    tokenized (writing them into new page-cache pages is most of a local run's system time:
-    docs/performance.md), one batch at a time, so that at most two batches' ids are held.
-    The batch goes on at once, naming the file it will be in: nothing reads that file before
-    the bundle ends, and the bundle does not end (nor are the batch's documents staged)
-    before the write has landed; a failed write fails the bundle."""
+    A batch's ids are written on a thread while the next batch is read and tokenized
+    (transforms/write_behind.py); the batch goes on at once, naming the file, and its
+    documents are staged only once the write has landed."""
 
     def __init__(self, info, area, storage_options: dict | None = None, progress_dir: str | None = None,
                  digests: bool = False):
@@ -44,11 +41,12 @@ class TokenizeAndStage(TokenizeBatches):
 
     def setup(self):
         super().setup()
-        self._writer = ThreadPoolExecutor(1, thread_name_prefix="flat-tokens-stage")
+        self._writer = WriteBehind("flat-tokens-stage")
 
     def start_bundle(self):
         super().start_bundle()
         self._unchecked = deque()  # a failed bundle's batches are not this bundle's
+        self._writer.forget()
 
     def process(self, batch):
         place = int(batch.offsets[0])  # a batch's name: tokenizing may drop its first (empty) document
@@ -56,8 +54,6 @@ class TokenizeAndStage(TokenizeBatches):
         before = self._checking
         for tokenized in super().process(batch):
             own = self._checking if self._checking is not before else None  # a new comparison: this batch's
-            if self._unchecked:
-                self._unchecked[-1][3].result()  # one write in flight
             written = self._writer.submit(self._area.put_batch_ids, unit, place, tokenized.ids)
             tokenized.ids_file = self._area.batch_ids_path(unit, place)
             self._unchecked.append((unit, place, self._area.batch_documents(tokenized), written, own))
@@ -70,7 +66,7 @@ class TokenizeAndStage(TokenizeBatches):
 
     def teardown(self):
         if self._writer:
-            self._writer.shutdown()
+            self._writer.close()
         super().teardown()
 
     def _stage_checked(self, wait: bool = False):
