@@ -74,6 +74,29 @@ def place_name(place: int) -> str:
     return f"{place:016x}"
 
 
+def whole_units(names) -> dict:
+    """Trusted unit key -> its account's name, from the area's names (relative to it): a unit
+    is trusted once its account and every batch the account counts (ids and documents) are
+    there. An account alone proves nothing: it can land before its last batch, whose ids are
+    written behind (transforms/tokenize/staged.py)."""
+    batches = {}  # unit -> {place: set of suffixes}
+    accounts = {}  # unit -> (n, name)
+    for rel in names:
+        parts = rel.split("/")
+        if len(parts) != 3 or parts[0] != UNITS:
+            continue
+        unit, name = parts[1], parts[2]
+        stem, _, suffix = name.partition(".")
+        if stem == "unit" and name.endswith(".json") and name.count(".") == 2:
+            n = name.split(".")[1]
+            if n.isdigit():
+                accounts[unit] = (int(n), name)
+        elif "." + suffix in (IDS, BATCH):
+            batches.setdefault(unit, {}).setdefault(stem, set()).add("." + suffix)
+    return {unit: name for unit, (n, name) in accounts.items()
+            if sum(1 for suffixes in batches.get(unit, {}).values() if suffixes == {IDS, BATCH}) == n}
+
+
 @dataclass
 class Staged:
     """What the staging area holds, as its names say (one listing)."""
@@ -241,22 +264,11 @@ class StagingArea:
 
     def listing(self) -> Staged:
         """What the area holds, from one listing of its names."""
-        staged = Staged()
         names = self._names()
-        batches = {}  # unit -> {place: set of suffixes}
-        accounts = {}  # unit -> (n, name)
+        staged = Staged(units=whole_units(names))
         for rel in names:
             parts = rel.split("/")
-            if len(parts) == 3 and parts[0] == UNITS:
-                unit, name = parts[1], parts[2]
-                stem, dot, suffix = name.partition(".")
-                if stem == "unit" and name.endswith(".json") and name.count(".") == 2:
-                    n = name.split(".")[1]
-                    if n.isdigit():
-                        accounts[unit] = (int(n), name)
-                elif "." + suffix in (IDS, BATCH):
-                    batches.setdefault(unit, {}).setdefault(stem, set()).add("." + suffix)
-            elif len(parts) == 3 and parts[0] == SHARDS:
+            if len(parts) == 3 and parts[0] == SHARDS:
                 fields = parts[2].split(".")
                 if len(fields) == 4 and fields[3] == "rec" and fields[1].isdigit() and fields[2].isdigit():
                     staged.shards.setdefault(parts[1], {})[fields[0], int(fields[1])] = (int(fields[2]), parts[2])
@@ -264,10 +276,6 @@ class StagingArea:
                 fields = parts[2].split(".")
                 if len(fields) == 3 and fields[2].isdigit():
                     staged.chunks.setdefault(parts[1], set()).add((fields[0], fields[1], int(fields[2])))
-        for unit, (n, name) in accounts.items():
-            whole = sum(1 for suffixes in batches.get(unit, {}).values() if suffixes == {IDS, BATCH})
-            if whole == n:
-                staged.units[unit] = name
         if ARRAYS in names:
             staged.arrays_key = self.arrays_key()
         return staged
