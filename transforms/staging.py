@@ -77,8 +77,9 @@ def place_name(place: int) -> str:
 def whole_units(names) -> dict:
     """Trusted unit key -> its account's name, from the area's names (relative to it): a unit
     is trusted once its account and every batch the account counts (ids and documents) are
-    there. An account alone proves nothing: it can land before its last batch, whose ids are
-    written behind (transforms/tokenize/staged.py)."""
+    there. An account alone proves nothing: the reader writes it once it has read the unit
+    (transforms/read/staged_reads.py), which can be before the unit's last batch is staged
+    (its ids are written behind: transforms/tokenize/staged.py)."""
     batches = {}  # unit -> {place: set of suffixes}
     accounts = {}  # unit -> (n, name)
     for rel in names:
