@@ -166,12 +166,11 @@ class StagingArea:
                     raise
         return path
 
-    def put_batch_ids(self, unit: str, place: int, ids: np.ndarray) -> str | None:
-        """Stages a batch's ids; returns their local path (which the shuffle may map), else None."""
+    def put_batch_ids(self, unit: str, place: int, ids: np.ndarray) -> None:
+        """Stages a batch's ids (batch_ids_path says where, for the shuffle to map them)."""
         ids = np.ascontiguousarray(ids)
         data = ids.data if self.local else _IDS_CODEC.encode(ids)
         self.put(self._batch_ids(unit, place), data)
-        return self.batch_ids_path(unit, place)
 
     def batch_ids_path(self, unit: str, place: int) -> str | None:
         """Where put_batch_ids puts a batch's ids when the area is on local disk, else None."""

@@ -81,11 +81,9 @@ def batch_file_path(directory: str, file_key: str, first_offset: int) -> str:
     return os.path.join(directory, batch_file_name(file_key, first_offset))
 
 
-def spill_ids(directory: str, file_key: str, first_offset: int, ids: np.ndarray) -> str:
-    """Writes one batch's ids to its file, as they are; returns the file's path."""
-    path = batch_file_path(directory, file_key, first_offset)
-    _write_whole(path, np.ascontiguousarray(ids))
-    return path
+def spill_ids(directory: str, file_key: str, first_offset: int, ids: np.ndarray) -> None:
+    """Writes one batch's ids, as they are, to batch_file_path's file."""
+    _write_whole(batch_file_path(directory, file_key, first_offset), np.ascontiguousarray(ids))
 
 
 def _write_whole(path: str, values: np.ndarray) -> None:
