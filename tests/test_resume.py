@@ -397,7 +397,7 @@ def test_gs_a_killed_run_resumes_to_the_same_bytes(gcs, tmp_path):
     run_pipeline(*args, "--output", f"gs://{BUCKET}/resume/ref.zarr", env=gcs.env)
     expected = gs_dataset_digest(gcs.fs, f"{BUCKET}/resume/ref.zarr")
 
-    def units_trusted(path: str) -> int:
+    def gs_units_trusted(path: str) -> int:
         """Units a rerun may reuse: an account can land before its last batch (see units_staged).
         Listed with the emulator's own client: this process's default gs:// client would ask
         the emulator for bucket layouts over gRPC."""
@@ -406,12 +406,12 @@ def test_gs_a_killed_run_resumes_to_the_same_bytes(gcs, tmp_path):
         names = [p[len(root):] for p in gcs.fs.find(root) if not p.endswith(staging.TEMPORARY)]
         return len(staging.whole_units(names))
 
-    def shards_recorded(path: str) -> int:
+    def gs_shards_recorded(path: str) -> int:
         gcs.fs.invalidate_cache()
         return len(gcs.fs.glob(f"{path}/{STAGING}/shards/*/*.rec"))
 
     env = {**os.environ, **gcs.env}
-    for moment, staged, count in (("units read", units_trusted, 2), ("shards written", shards_recorded, 2)):
+    for moment, staged, count in (("units read", gs_units_trusted, 2), ("shards written", gs_shards_recorded, 2)):
         path = f"{BUCKET}/resume/{moment.replace(' ', '-')}.zarr"
         cmd = [sys.executable, "-m", "pipeline.run", *args, "--output", f"gs://{path}"]
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
