@@ -152,15 +152,20 @@ class Blend:
         batch_size = _count(batch_size, "batch_size")
         start_step = _count(start_step, "start_step", 0)
         rank, world_size, rows = _rank_rows(batch_size, rank, world_size)
-        orders = [split._window_order(length, source_seed(self.seed, i), block_tokens, buffer_blocks, rank,
-                                      world_size)
-                  for i, split in enumerate(self.splits)]
+        orders = self._orders(length, block_tokens, buffer_blocks, rank, world_size)
         if len(self.splits) >= 1 << 16 and sources:
             raise ValueError("sources are uint16: at most 65,535 splits")
         return self._batches(orders, length, rows, start_step, segments, sources)
 
+    def _orders(self, length: int, block_tokens, buffer_blocks, rank: int, world_size: int) -> list:
+        """Each split's window order for host `rank` (ValueError for a split with too few windows)."""
+        return [split._window_order(length, source_seed(self.seed, i), block_tokens, buffer_blocks, rank, world_size)
+                for i, split in enumerate(self.splits)]
+
     def _batches(self, orders, length: int, rows: int, start_step: int, with_segments: bool,
-                 with_sources: bool) -> Iterator:
+                 with_sources: bool, every: int = 1) -> Iterator:
+        """This host's batches: steps start_step, start_step + every, ... (a DataLoader worker
+        serves every `every`-th step; the choices of the others are made, not their reads)."""
         choices = _Choices(self.weights)
         choices.advance(start_step * rows)  # the choices before the first batch, not their reads
         pool = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="flat-tokens-blend")
@@ -169,6 +174,8 @@ class Blend:
             while True:
                 before = list(choices.counts)
                 batch = choices.advance(rows)
+                if every > 1:
+                    choices.advance((every - 1) * rows)  # the steps other workers serve
                 windows = np.empty((rows, length), np.uint32)
                 for i, stream in enumerate(streams):
                     at = np.flatnonzero(batch == i)
