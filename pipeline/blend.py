@@ -20,7 +20,11 @@ Batch k is positions [k*B, (k+1)*B) of the blend: a pure function of the splits,
 seed and arguments. ``start_step=k`` resumes there; it replays the choices (not the reads)
 of the k*B positions before it: 0.4-0.7 s per million positions for 2-8 splits (measured
 on one core), and no reads. A Blend pickles (its splits by URL), so a DataLoader worker or a restarted
-job can rebuild it.
+job can rebuild it. With ``rank=r, world_size=w``, host r blends its own shares of the splits
+(each split's stream for host r) by the same rule, in batches of B / w rows.
+
+The splits must share a tokenizer (the sha256 each dataset records in its provenance), else
+ValueError, unless ``allow_mixed_tokenizers=True``.
 """
 from __future__ import annotations
 
