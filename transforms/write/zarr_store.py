@@ -277,8 +277,15 @@ class ChunkWriter:
         if start % self._chunk or (stop % self._chunk and stop != self._length):
             raise ValueError(f"[{start}, {stop}) is not made of whole chunks of {self._chunk}")
         first, last = start // self._chunk, -(-stop // self._chunk)
-        return [self._pool.submit(self._write_chunk, i, values[i * self._chunk - start:(i + 1) * self._chunk - start])
-                for i in range(first, last)]
+        submitted = []
+        try:
+            for i in range(first, last):
+                submitted.append(self._pool.submit(self._write_chunk, i,
+                                                   values[i * self._chunk - start:(i + 1) * self._chunk - start]))
+        except BaseException:  # the pool was shut down (a teardown): what it took lands before this raises
+            wait(submitted)
+            raise
+        return submitted
 
     def _write_chunk(self, index: int, values) -> None:
         data = np.ascontiguousarray(values, dtype=self._dtype)
