@@ -157,7 +157,7 @@ OPTIONS: tuple[Option, ...] = (
                 "--validation_input",
            template=Template("Validation fraction", "fraction_below_1", example="0.01")),
     Option(name="num_shards", group="split and shuffle", type=int, default=0,
-           help=f"shuffle shards per split (0 = auto: one per ~{DEFAULT_SHARD_MB} MB of text). "
+           help=f"shuffle shards per split (0 = auto: one per ~{DEFAULT_SHARD_MB} MiB of text). "
                 f"Changes parallelism and memory only, never the output",
            template=Template("Shuffle shards per split", "count")),
     # output
@@ -228,8 +228,8 @@ OPTIONS: tuple[Option, ...] = (
            help="fail the job when more than this fraction of non-blank lines is rejected",
            template=Template("Maximum rejected fraction", "fraction")),
     Option(name="read_range_mb", group="limits and tuning", type=int, default=64,
-           help="uncompressed files are read in parallel ranges of this many MB",
-           template=Template("Read range (MB)", "positive_int")),
+           help="uncompressed files are read in parallel ranges of this many MiB (2**20 bytes)",
+           template=Template("Read range (MiB)", "positive_int")),
     Option(name="batch_documents", group="limits and tuning", type=int, default=8192,
            help="documents per batch between stages",
            template=Template("Documents per batch", "positive_int")),

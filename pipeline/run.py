@@ -138,7 +138,7 @@ def format_summary(summary: dict) -> str:
                      f"{reused['chunks']:,} of {reused['chunks_total']:,} chunks")
     if summary["output_bytes"] is not None:
         per_token = f", {summary['bytes_per_token']} bytes/token" if summary["bytes_per_token"] else ""
-        lines.append(f"  output: {summary['output_bytes'] / 2**20:,.1f} MB{per_token}")
+        lines.append(f"  output: {summary['output_bytes'] / 2**20:,.1f} MiB{per_token}")
     lines.append(f"  time: {summary['wall_seconds']:,.1f} s, {summary['tokens_per_second'] or 0:,.0f} tokens/s")
     return "\n".join(lines)
 

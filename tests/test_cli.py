@@ -38,7 +38,10 @@ def test_progress_lines_and_a_summary_with_the_exact_numbers(tmp_path, corpus, b
             release.touch()
     stdout, _ = run.communicate(timeout=600)
     assert run.returncode == 0 and progress, stdout
-    assert "MB input read" in progress[0] and "tokens/s" in progress[0] and "documents" in progress[0]
+    # One unit, named as it is counted: 2**20 bytes is a MiB, in the progress line and the summary.
+    assert "MiB input read" in progress[0] and "MiB/s" in progress[0] and " MB" not in progress[0]
+    assert "tokens/s" in progress[0] and "documents" in progress[0]
+    assert re.search(r"output: [0-9.,]+ MiB, ", stdout) and " MB" not in stdout, stdout
     stats = zarr.open_group(str(out), mode="r").attrs["stats"]
     assert f"train: {stats['train']['sequences']:,} sequences, {stats['train']['tokens']:,} tokens" in stdout
     assert f"{stats['documents']:,} documents, 1 blank lines, 1 rejected lines" in stdout
@@ -264,6 +267,6 @@ def test_an_address_space_limit_too_small_to_run_is_one_line(tmp_path):
                                "--output", str(tmp_path / "o.zarr")], cwd=REPO, capture_output=True, text=True,
                               preexec_fn=limited, timeout=300)
         assert proc.returncode == 2, proc.stderr[-2000:]
-        assert proc.stderr.startswith("flat-tokens: error: the address-space limit (ulimit -v) is 500 MB, below the "
-                                      "1,024 MB a run needs"), proc.stderr[-2000:]
+        assert proc.stderr.startswith("flat-tokens: error: the address-space limit (ulimit -v) is 500 MiB, below the "
+                                      "1,024 MiB a run needs"), proc.stderr[-2000:]
         assert len(proc.stderr.splitlines()) == 1

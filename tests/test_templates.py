@@ -852,11 +852,11 @@ def test_every_flink_version_the_flink_files_name_has_a_job_server():
 
 
 def test_shard_size_claims_are_the_codes():
-    """'~N MB of text' on a line about shards, wherever the docs say it, is DEFAULT_SHARD_MB."""
+    """'~N MiB of text' on a line about shards, wherever the docs say it, is DEFAULT_SHARD_MB."""
     files = [FLINK / "README.md", FLINK / "flink-conf.yaml", DATAFLOW / "README.md", METADATA,
              REPO / "README.md", REPO / "docs" / "design.md"]
     claims = {f.relative_to(REPO): [int(n) for line in f.read_text().splitlines() if "shard" in line.lower()
-                                    for n in re.findall(r"([0-9]+) MB[ -]of[ -]text", line)]
+                                    for n in re.findall(r"([0-9]+) MiB[ -]of[ -]text", line)]
               for f in files}
     assert claims[Path("templates/flink/README.md")] and claims[Path("templates/dataflow/metadata.json")], claims
     assert all(n == DEFAULT_SHARD_MB for numbers in claims.values() for n in numbers), claims
