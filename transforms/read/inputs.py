@@ -30,6 +30,11 @@ GLOB_CHARS = "*?["
 COMPRESSED_SUFFIXES = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd", ".bz2": "bz2", ".xz": "xz"}
 PARQUET_SUFFIXES = (".parquet", ".pq")
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
+# In a directory, an uncompressed *.json file is far more often one JSON document (a corpus's
+# MANIFEST.json, a HuggingFace save_to_disk folder's dataset_info.json and state.json) than
+# JSON Lines: it is read only when named or matched by a glob. Compressed ones (C4's and
+# Dolma's *.json.gz shards) are JSON Lines, and read.
+DIRECTORY_JSONL_SUFFIXES = (".jsonl", ".ndjson")
 JSONL = "jsonl"
 PARQUET = "parquet"
 # Names of the files listed after a directory input's "skipped" warning.
@@ -97,13 +102,18 @@ def compression_of(path: str) -> str | None:
 
 
 def is_data_name(path: str) -> bool:
-    """Whether a file's name says JSONL or Parquet (compressed or not): what a directory
-    input reads. A README, a YAML file or a _SUCCESS marker beside the data is not read."""
+    """Whether a file's name says JSON Lines or Parquet: what a directory input reads
+    (*.jsonl, *.ndjson, compressed or not; *.json compressed only; *.parquet, *.pq). A
+    README, a YAML file, a _SUCCESS marker or a MANIFEST.json beside the data is not read."""
     name = path.lower()
     compression = compression_of(name)
     if compression:
-        name = name[:name.rfind(".")]
-    return name.endswith(JSONL_SUFFIXES + PARQUET_SUFFIXES)
+        return name[:name.rfind(".")].endswith(JSONL_SUFFIXES + PARQUET_SUFFIXES)
+    return name.endswith(DIRECTORY_JSONL_SUFFIXES + PARQUET_SUFFIXES)
+
+
+# What a directory input reads, in words (the skipped-files warning, the README).
+DATA_NAMES = "*.jsonl, *.ndjson, *.parquet, *.pq; *.jsonl, *.ndjson and *.json compressed (.gz/.zst/.bz2/.xz)"
 
 
 def format_of(path: str, option: str = "--input") -> str:
@@ -133,7 +143,7 @@ class Listing:
             names = ", ".join(paths[:SKIPPED_NAMED]) + (f" and {len(paths) - SKIPPED_NAMED} more"
                                                         if len(paths) > SKIPPED_NAMED else "")
             lines.append(f"flat-tokens: {where}: skipped {len(paths)} file(s) not named as JSONL or Parquet "
-                         f"data (*.jsonl, *.json, *.ndjson, *.parquet, *.pq, optionally .gz/.zst/.bz2/.xz): {names}")
+                         f"data ({DATA_NAMES}; name or glob a file to read it anyway): {names}")
         return "\n".join(lines)
 
 
@@ -179,9 +189,12 @@ def list_inputs(patterns: list[str], split: str, first_index: int = 0,
             listing.skipped.append((where, skipped))
         if not entries:
             if skipped:
-                raise InputError(f"{where}: the directory holds no file named as JSONL or Parquet data, only: "
-                                 f"{', '.join(skipped[:SKIPPED_NAMED])}{' ...' if len(skipped) > SKIPPED_NAMED else ''}"
-                                 f"; name the files to read (a path or a glob)")
+                arrow = any(p.endswith(".arrow") for p in skipped)  # a HuggingFace save_to_disk folder
+                raise InputError(f"{where}: the directory holds no file named as JSONL or Parquet data ({DATA_NAMES}), "
+                                 f"only: {', '.join(skipped[:SKIPPED_NAMED])}"
+                                 f"{' ...' if len(skipped) > SKIPPED_NAMED else ''}; name the files to read (a path or "
+                                 f"a glob)" + ("; Arrow files are not read: write the dataset out with datasets' "
+                                               "to_json or to_parquet" if arrow else ""))
             raise InputError(f"{where}: the pattern matches no file; check the path and the glob")
         for entry in entries:
             rel = posixpath.relpath(entry.path, root) if root else entry.path
