@@ -55,6 +55,7 @@ class JobPlan:
     source_of_input: list[int] | None = None  # with a mixture: the source of each input index
     record_sources: list[int] | None = None  # --record_sources: the recorded source of each input index
     skipped_files: list[str] = field(default_factory=list)  # in directory inputs, not data: not read
+    also_ours: tuple = ()  # top-level files of the output this run writes itself (a --summary_json there)
     resume: "Resume | None" = None  # noqa: F821 - what the staging area lets this run reuse (pipeline/resume.py)
 
     def read_ranges(self) -> list[ReadRange]:
@@ -121,6 +122,8 @@ def _list_inputs(o: FlatTokensOptions, storage_options: dict) -> _Inputs:
     for listing in listings:
         if listing.skipped:  # a warning: shown with --quiet too
             logging.getLogger("flat_tokens").warning(listing.skipped_message())
+        if listing.own:  # expected, when an output lies in its own input directory: said, not warned
+            logging.getLogger("flat_tokens").info(listing.own_message())
         inputs.skipped += [path for _, paths in listing.skipped for path in paths]
     return inputs
 

@@ -11,6 +11,7 @@ import gc
 import json
 import logging
 import os
+import posixpath
 import signal
 import sys
 import tempfile
@@ -38,7 +39,7 @@ from transforms.write.object_trees import tree_size
 from transforms.read.inputs import InputError
 from transforms.read.mixture import source_table
 from transforms.write import rejected
-from transforms.write.ownership import refuse_overlaps
+from transforms.write.ownership import DATASET_ENTRIES, OWN_PREFIX, contains, location, refuse_overlaps
 from transforms.progress import ProgressLogger
 from transforms.tokenize.tokenizer import TokenizerError
 
@@ -175,9 +176,30 @@ def _tokenizer_file(spec: str) -> list[str]:
     return [spec] if spec != "bytes" and ("://" in spec or os.path.exists(spec)) else []
 
 
-def check_summary_path(path: str) -> None:
+def summary_in_output(ft: FlatTokensOptions) -> tuple:
+    """A --summary_json inside --output: its name there, or (). The output then holds it as
+    this tool's own, so that a later --overwrite replaces it with the dataset; anywhere in
+    the output but its top level (inside a split, or under a name the layout uses) it would
+    make the output foreign, and is refused."""
+    if not ft.summary_json:
+        return ()
+    out, summary = location(ft.output), location(ft.summary_json)
+    if not contains(out, summary):
+        return ()
+    name = posixpath.relpath(summary[1], out[1])
+    if name == "." or "/" in name or name.startswith(OWN_PREFIX) or name in DATASET_ENTRIES:
+        raise OptionError(f"--summary_json {ft.summary_json}: inside --output {ft.output}, where the dataset's own "
+                          f"files go; write it beside the output, or at its top level under a name of its own "
+                          f"(e.g. {ft.output.rstrip('/')}/summary.json)")
+    return (name,)
+
+
+def check_summary_path(path: str, in_output: bool = False, output: str = "") -> None:
     """--summary_json must be writable before any data is read: a run must not fail, after
-    its dataset is committed, for want of a place to say so."""
+    its dataset is committed, for want of a place to say so. One `in_output` is written in a
+    directory the run makes: `output`, checked writable for the dataset anyway."""
+    if in_output and not os.path.isdir(output):
+        return
     existed = os.path.lexists(path)
     try:
         with open(path, "a"):
@@ -286,11 +308,14 @@ def _main(argv, options, ft, stopping: _Stopping) -> int:
         cloud.check_gcs_reachable(cloud.urls_of(ft))  # in seconds, not after gcsfs's retries
         if local:
             check_local_temp_root(options)
+        also_ours = summary_in_output(ft)
         if ft.summary_json:
-            check_summary_path(ft.summary_json)
+            check_summary_path(ft.summary_json, bool(also_ours), ft.output)
         # before any data is read; an unfinished output that this command made is resumed
-        found = zarr_store.refuse_occupied(ft.output, ft.overwrite, resumable=resume.same_command(ft))
+        found = zarr_store.refuse_occupied(ft.output, ft.overwrite, resumable=resume.same_command(ft),
+                                           also_ours=also_ours)
         plan = plan_job(ft)
+        plan.also_ours = also_ours
         plan.expected_owner = (*found.owner, found.committed)  # CreateOutput replaces only this, or stops
         plan.take_unfinished = not found.committed
         # Files a directory input holds but does not read count too: an output among them

@@ -39,6 +39,12 @@ JSONL = "jsonl"
 PARQUET = "parquet"
 # Names of the files listed after a directory input's "skipped" warning.
 SKIPPED_NAMED = 5
+# What this tool writes, recognised by name: a directory holding an entry named so is one of
+# its outputs (a dataset's claim, an unfinished output's staging area, leases), and a file
+# named like a rejected-lines report is one. Listings leave both out: an output written
+# inside its own input directory must not become input of the next run.
+OWN_PREFIX = ".flat-tokens-"
+OWN_REPORT = re.compile(r"rejected-[0-9a-f]+-[0-9a-f]{16}\.jsonl")
 
 
 class InputError(ValueError):
@@ -133,6 +139,7 @@ class Listing:
 
     files: list[InputFile] = field(default_factory=list)
     skipped: list[tuple[str, list[str]]] = field(default_factory=list)  # (option and pattern, paths)
+    own: list[tuple[str, list[str]]] = field(default_factory=list)  # this tool's outputs and reports, left out
 
     def skipped_message(self) -> str | None:
         """One line per directory input that held files which are not data, or None."""
@@ -145,6 +152,20 @@ class Listing:
             lines.append(f"flat-tokens: {where}: skipped {len(paths)} file(s) not named as JSONL or Parquet "
                          f"data ({DATA_NAMES}; name or glob a file to read it anyway): {names}")
         return "\n".join(lines)
+
+    def own_message(self) -> str | None:
+        """One line per pattern that reached this tool's own outputs or reports, or None."""
+        if not self.own:
+            return None
+        return "\n".join(f"flat-tokens: {where}: left out this tool's own output (datasets, staging areas, "
+                         f"rejected-lines reports): {', '.join(paths[:SKIPPED_NAMED])}"
+                         + (f" and {len(paths) - SKIPPED_NAMED} more" if len(paths) > SKIPPED_NAMED else "")
+                         for where, paths in self.own)
+
+
+def is_own_report(path: str) -> bool:
+    """Whether a file is named as this tool names a rejected-lines report."""
+    return OWN_REPORT.fullmatch(posixpath.basename(path)) is not None
 
 
 class _Entry(NamedTuple):
@@ -178,15 +199,17 @@ def list_inputs(patterns: list[str], split: str, first_index: int = 0,
             raise InputError(f"{where}: cannot open this kind of path ({e})") from None
         try:
             if isinstance(fs, LocalFileSystem):
-                root, entries, skipped = _list_local(path, where)
+                root, entries, skipped, own = _list_local(path, where)
             else:
-                root, entries, skipped = _list_objects(fs, path, where)
+                root, entries, skipped, own = _list_objects(fs, path, where)
         except PermissionError as e:
             raise InputError(f"{where}: permission denied ({e})") from None
         if "://" in pattern:
-            skipped = [fs.unstrip_protocol(p) for p in skipped]
+            skipped, own = [fs.unstrip_protocol(p) for p in skipped], [fs.unstrip_protocol(p) for p in own]
         if skipped:
             listing.skipped.append((where, skipped))
+        if own:
+            listing.own.append((where, own))
         if not entries:
             if skipped:
                 arrow = any(p.endswith(".arrow") for p in skipped)  # a HuggingFace save_to_disk folder
@@ -210,9 +233,22 @@ def list_inputs(patterns: list[str], split: str, first_index: int = 0,
     return listing
 
 
-def _list_objects(fs, path: str, where: str) -> tuple[str, list[_Entry], list[str]]:
-    """(root, files, skipped) on an object store (or any fsspec filesystem but the local
-    one), from the listing's own details: no request per file."""
+def _own_outputs(names: list[str], root: str) -> list[str]:
+    """The directories below `root` that are this tool's outputs: those holding an entry
+    named with OWN_PREFIX (a trailing "/" each)."""
+    found = set()
+    for name in names:
+        parts = (posixpath.relpath(name, root) if root else name).split("/")
+        depth = next((d for d, part in enumerate(parts) if part.startswith(OWN_PREFIX)), None)
+        if depth:  # not 0: an input that is itself such an output is not left out of itself
+            found.add(posixpath.join(root, *parts[:depth]) + "/")
+    return sorted(found)
+
+
+def _list_objects(fs, path: str, where: str) -> tuple[str, list[_Entry], list[str], list[str]]:
+    """(root, files, skipped, own) on an object store (or any fsspec filesystem but the local
+    one), from the listing's own details: no request per file. `own`: this tool's outputs
+    and rejected-lines reports, left out."""
     if any(c in path for c in GLOB_CHARS):
         root, found, directory = glob_root(path), fs.glob(path, detail=True), False
     elif fs.isdir(path):
@@ -222,8 +258,16 @@ def _list_objects(fs, path: str, where: str) -> tuple[str, list[_Entry], list[st
     else:
         raise InputError(f"{where}: no such file; check the path")
     entries, skipped = [], []
+    named = not directory and not any(c in path for c in GLOB_CHARS)
+    outputs = [] if named else _own_outputs(list(found), root)
+    own = list(outputs)
     for name, info in sorted(found.items()):
         if info.get("type") == "directory" or name.endswith("/"):
+            continue
+        if any(name.startswith(o) for o in outputs):
+            continue
+        if not named and (is_own_report(name) or posixpath.basename(name).startswith(OWN_PREFIX)):
+            own.append(name)
             continue
         if directory and not is_data_name(name):
             skipped.append(name)
@@ -232,16 +276,16 @@ def _list_objects(fs, path: str, where: str) -> tuple[str, list[_Entry], list[st
             raise InputError(f"{where}: {name} is not a regular file ({info.get('type')}); refusing to read it")
         generation = info.get("generation")
         entries.append(_Entry(name, int(info.get("size") or 0), f"generation {generation}" if generation else None))
-    return root, entries, skipped
+    return root, entries, skipped, own
 
 
-def _list_local(path: str, where: str) -> tuple[str, list[_Entry], list[str]]:
-    """(root, files, skipped) on the local filesystem, walked here rather than by fsspec:
+def _list_local(path: str, where: str) -> tuple[str, list[_Entry], list[str], list[str]]:
+    """(root, files, skipped, own) on the local filesystem, walked here rather than by fsspec:
     fsspec's walk leaves out a subdirectory it cannot list, without a word."""
     if any(c in path for c in GLOB_CHARS):
         root = glob_root(path)
-        entries, _ = _walk_local(root, where, pattern=path)
-        return root, entries, []
+        entries, _, own = _walk_local(root, where, pattern=path)
+        return root, entries, [], own
     try:
         st = os.stat(path)
     except OSError as e:
@@ -250,22 +294,23 @@ def _list_local(path: str, where: str) -> tuple[str, list[_Entry], list[str]]:
         raise InputError(f"{where}: {_unreadable(path, e)}") from None
     if stat.S_ISDIR(st.st_mode):
         root = path.rstrip("/")
-        entries, skipped = _walk_local(root, where)
-        return root, entries, skipped
-    return posixpath.dirname(path), [_local_entry(path, where)], []
+        return root, *_walk_local(root, where)
+    return posixpath.dirname(path), [_local_entry(path, where)], [], []
 
 
-def _walk_local(top: str, where: str, pattern: str | None = None) -> tuple[list[_Entry], list[str]]:
+def _walk_local(top: str, where: str, pattern: str | None = None) -> tuple[list[_Entry], list[str], list[str]]:
     """The files under directory `top`, following links to directories, in path order: with
     a pattern (a glob, fsspec's syntax), those it matches, entering only the directories it
     can reach; without one (a directory input), the data files, and the paths of the others
     (not opened). A directory that cannot be listed, or a link back to a directory being
-    walked, is an InputError: what it holds would be left out, or read twice."""
+    walked, is an InputError: what it holds would be left out, or read twice. This tool's
+    own outputs below `top` (directories holding a `.flat-tokens-*` entry) and reports are
+    left out, and returned third."""
     full = re.compile(glob_translate(pattern)) if pattern else None
     parts = pattern[len(top):].strip("/").split("/") if pattern else []
     deep = parts.index("**") if "**" in parts else len(parts)  # directories below this depth: all entered
     prefixes = [re.compile(glob_translate(posixpath.join(top, *parts[:d]))) for d in range(1, len(parts))]
-    entries, skipped = [], []
+    entries, skipped, own = [], [], []
 
     def worth_entering(path: str, depth: int) -> bool:
         if full is None or depth > deep:
@@ -283,8 +328,14 @@ def _walk_local(top: str, where: str, pattern: str | None = None) -> tuple[list[
         except OSError as e:
             raise InputError(f"{where}: cannot list the directory {directory} ({e.strerror}): the files in it "
                              f"would be left out; make it readable, or name the files to read") from None
+        if depth and any(child.name.startswith(OWN_PREFIX) for child in children):
+            own.append(directory + "/")  # one of this tool's outputs: none of it is input
+            return
         for child in children:
             path = posixpath.join(directory, child.name)
+            if child.name.startswith(OWN_PREFIX) or is_own_report(path) and not _is_dir(child):
+                own.append(path)
+                continue
             if _is_dir(child):
                 if not worth_entering(path, depth + 1):
                     continue
@@ -305,11 +356,11 @@ def _walk_local(top: str, where: str, pattern: str | None = None) -> tuple[list[
     try:
         st = os.stat(top)
     except FileNotFoundError:
-        return [], []
+        return [], [], []
     except OSError as e:
         raise InputError(f"{where}: {_unreadable(top, e)}") from None
     walk(top, 0, {(st.st_dev, st.st_ino): top})
-    return entries, skipped
+    return entries, skipped, own
 
 
 def _is_dir(entry: os.DirEntry) -> bool:

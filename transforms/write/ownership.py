@@ -274,9 +274,11 @@ def foreign_in_split(fs, split_path: str) -> list[str]:
     return sorted(foreign)
 
 
-def inspect_output(url: str, storage_options: dict | None = None, own_run_id: str = "") -> OutputState:
+def inspect_output(url: str, storage_options: dict | None = None, own_run_id: str = "",
+                   also_ours: tuple = ()) -> OutputState:
     """What is at the output path, and whether this tool may replace it. Entries that name
-    `own_run_id` (this run's own temporary files) are left out."""
+    `own_run_id` (this run's own temporary files) are left out. `also_ours`: top-level file
+    names this run writes there itself (its --summary_json), ours beside a dataset of ours."""
     fs, path = split_url(url, storage_options)
     fs.invalidate_cache(path)
     if not fs.exists(path):
@@ -299,7 +301,8 @@ def inspect_output(url: str, storage_options: dict | None = None, own_run_id: st
             owner = (0, legacy)
     dataset_is_ours = bool(claims) or bool(owner[1])
     foreign = [label for (n, d), label in zip(listed, names)
-               if not (n.startswith(OWN_PREFIX) or (dataset_is_ours and _dataset_entry(n, d)))]
+               if not (n.startswith(OWN_PREFIX) or (dataset_is_ours and (_dataset_entry(n, d)
+                                                                          or not d and n in also_ours)))]
     if dataset_is_ours:  # the whole tree, not one level: a user's train/NOTES.txt is not ours
         foreign += [f"{split}/{f}" for split, is_dir in listed if is_dir and split in SPLITS
                     for f in foreign_in_split(fs, f"{path}/{split}")]
@@ -335,12 +338,13 @@ def describe_owner(state: OutputState) -> str:
 
 
 def refuse_for_run(url: str, overwrite: bool, storage_options: dict | None = None,
-                   resumable: bool = False) -> OutputState:
+                   resumable: bool = False, also_ours: tuple = ()) -> OutputState:
     """The launcher's check: the state found, or OutputError when this run may not use the path.
     `resumable`: this command made what is there, so an unfinished output is resumed, not
-    replaced, and needs no --overwrite (a committed dataset always does)."""
+    replaced, and needs no --overwrite (a committed dataset always does). `also_ours`: see
+    inspect_output."""
     refuse_root(url, storage_options)
-    state = inspect_output(url, storage_options)
+    state = inspect_output(url, storage_options, also_ours=also_ours)
     if not state.replaceable:
         raise OutputError(refusal(url, state))
     if state.kind == "dataset" and not overwrite and (state.committed or not resumable):
