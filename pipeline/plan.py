@@ -15,7 +15,7 @@ from pipeline.options import DEFAULT_SHARD_MB, FlatTokensOptions, OptionError, v
 from transforms.read import mixture as mix
 from transforms.read.corpus import peek_input
 from transforms.read.inputs import (JSONL, InputFile, ReadRange, absolute, check_no_overlap, check_readable,
-                                    input_index, list_inputs, read_ranges)
+                                    input_index, list_inputs, name_places, read_ranges)
 from transforms.read.jsonl_documents import check_text_key
 from transforms.read.parquet import RowGroup, list_row_groups
 from transforms.shuffle.sources import MAX_SOURCES
@@ -119,6 +119,10 @@ def _list_inputs(o: FlatTokensOptions, storage_options: dict) -> _Inputs:
                           for f in listed(patterns, split, option, len(inputs.origins))]
                 inputs.origins += [f"{option} {p}" for p in patterns]
                 inputs.source_of_input += [index] * len(patterns)
+    # Keyed by their paths relative to the common root of them all: the same files, however named,
+    # give the same places (and so the same dataset).
+    named = name_places(inputs.train + inputs.validation)
+    inputs.train, inputs.validation = named[:len(inputs.train)], named[len(inputs.train):]
     for listing in listings:
         if listing.skipped:  # a warning: shown with --quiet too
             logging.getLogger("flat_tokens").warning(listing.skipped_message())

@@ -12,7 +12,7 @@ import pytest
 import zarr
 
 from pipeline import verify
-from tests.helpers import REPO, SAMPLE, refused, run_pipeline, stats, write_jsonl
+from tests.helpers import REPO, SAMPLE, check_flat_tokens, refused, run_pipeline, stats, write_jsonl
 from tests.paced_backends import HOLD_MARKER, RELEASE_FILE_ENV
 from tests.test_parquet import sequences
 from transforms.records import DocumentBatch
@@ -199,6 +199,32 @@ def test_an_unquoted_glob_reads_every_file_the_shell_expanded_it_to(tmp_path):
     run_pipeline("--input", *SAMPLE_FILES, "--validation_input", valid, tmp_path / "v" / "b.jsonl", *BYTES,
                  "--output", split)
     assert stats(split)["validation"]["sequences"] == 12 and stats(split)["documents"] == SAMPLE_DOCUMENTS + 12
+
+
+def test_the_same_files_however_named_give_byte_identical_arrays(tmp_path):
+    """A quoted glob and the shell's expansion of it gave different datasets (1,240 vs 1,201
+    validation sequences): a document's key held its argument's position. Now a quoted glob,
+    a list in any order, a directory, and the corpus moved elsewhere, give the same bytes."""
+    texts = [f"document {i}: " + "some words " * (i % 13) for i in range(3000)]
+    data = tmp_path / "data"
+    for i in range(4):
+        write_jsonl(data / ("web" if i < 2 else "code") / f"part-{i}.jsonl", texts[i::4])
+    files = sorted(data.glob("*/*.jsonl"))
+    common = ["--tokenizer", "bytes", "--validation_fraction", "0.05", "--num_shards", "3"]
+    namings = {"glob": [f"{data}/*/*.jsonl"], "list": [str(f) for f in files],
+               "reversed": [str(f) for f in reversed(files)], "directory": [str(data)],
+               "flags": [x for f in (files[2], files[0], files[3], files[1]) for x in ("--input", str(f))][1:]}
+    for name, inputs in namings.items():
+        run_pipeline("--input", *inputs, *common, "--output", tmp_path / f"{name}.zarr", "--quiet")
+    moved = tmp_path / "elsewhere" / "corpus"
+    shutil.copytree(data, moved)
+    run_pipeline("--input", f"{moved}/code", f"{moved}/web", *common, "--output", tmp_path / "moved.zarr")
+    reference = tmp_path / "glob.zarr"
+    assert stats(reference)["validation"]["sequences"] > 0
+    for name in [*namings, "moved"]:
+        check_flat_tokens(tmp_path / f"{name}.zarr", "--compare", reference)
+    # Provenance still says how the files were named.
+    assert zarr.open_group(str(tmp_path / "reversed.zarr"), mode="r").attrs["inputs"] == namings["reversed"]
 
 
 @pytest.mark.parametrize("mode", [[], ["--quiet"], ["--verbose"]])

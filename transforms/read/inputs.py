@@ -15,7 +15,7 @@ import posixpath
 import re
 import stat
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 import fsspec
@@ -59,7 +59,11 @@ class InputChanged(InputError):
 @dataclass(frozen=True)
 class InputFile:
     url: str  # what workers open
-    key: str  # stable identity for the shuffle: "<input index>:<path relative to the input root>"
+    # "<input index>:<place name>": unique per listed file. The place name (place_name) is what
+    # the shuffle hashes: the file's path relative to the common root of all the job's input
+    # files (name_places), the same however the files were named. The input index (which
+    # pattern listed it: a mixture's source, a recorded source) is not hashed.
+    key: str
     size: int  # bytes on storage (compressed size for compressed files)
     compression: str | None
     split: str  # "train", "validation", or "auto" (decided per document by --validation_fraction)
@@ -73,6 +77,42 @@ class InputFile:
 def input_index(file_key: str) -> int:
     """The index of the input (pattern) that listed a file, from its key."""
     return int(file_key.split(":", 1)[0])
+
+
+def place_name(file_key: str) -> str:
+    """The part of a file's key that a document's place is hashed with (its order, split and
+    sample hashes): the file's path relative to the common root of the job's input files."""
+    return file_key.split(":", 1)[1]
+
+
+def _path_parts(url: str) -> tuple[str, list[str]]:
+    """(scheme, path components) of a listed file: local paths made absolute."""
+    if "://" in url and not url.startswith("file://"):
+        scheme, path = url.split("://", 1)
+        return scheme, [p for p in path.split("/") if p]
+    path = os.path.abspath(url.removeprefix("file://"))
+    return "file", [p for p in path.split("/") if p]
+
+
+def name_places(files: list[InputFile]) -> list[InputFile]:
+    """The files, each keyed by its input index and its path relative to the deepest directory
+    that holds every one of them (gs://b/corpus/web/a.jsonl -> "web/a.jsonl" beside
+    gs://b/corpus/code/). So the same set of files gives the same keys however it was named
+    (a quoted glob, the shell's expansion of it, a directory, a list in any order), and moved
+    together to another directory or bucket, keeps them. Files on different filesystems have
+    no common root: each is named by its whole URL (a local path absolute)."""
+    if not files:
+        return files
+    parts = [_path_parts(f.url) for f in files]
+    if len({scheme for scheme, _ in parts}) > 1:
+        names = [f"{scheme}://{'/'.join(p)}" if scheme != "file" else "/" + "/".join(p) for scheme, p in parts]
+    else:
+        directories = [p[:-1] for _, p in parts]
+        depth = 0
+        while all(len(d) > depth and d[depth] == directories[0][depth] for d in directories):
+            depth += 1
+        names = ["/".join(p[depth:]) for _, p in parts]
+    return [replace(f, key=f"{input_index(f.key)}:{name}") for f, name in zip(files, names)]
 
 
 @dataclass(frozen=True)
