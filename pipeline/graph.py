@@ -34,6 +34,7 @@ from transforms.counts import SumCounts
 from transforms.progress import show_counts
 from transforms.read.corpus import Corpus
 from transforms.records import TokenizedBatch
+from transforms.staging import StagingArea
 from transforms.shuffle.shuffle_globally import count_copies
 from transforms.shuffle.weigh_sources import count_source_documents
 from transforms.tokenize.staged import ReplayStagedUnits, TokenizeAndStage
@@ -113,5 +114,6 @@ def build_pipeline(p: beam.Pipeline, plan: JobPlan):
     receipts = shards | "WriteFlatTokens" >> WriteFlatTokens(
         plan.target, layout_view, singleton(ready), area, written, resume.chunks if resume else frozenset(),
         plan.spill_dir)
+    # The commit removes the staging area: with --no_staging it holds the command's record only.
     return (receipts, layout, counts) | "CommitDataset" >> CommitDataset(
-        plan.target, plan.provenance, plan.mixture, area)
+        plan.target, plan.provenance, plan.mixture, area or StagingArea(plan.target.url, so))

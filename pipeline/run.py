@@ -121,7 +121,10 @@ def summarize(output: str, wall_seconds: float, storage_options: dict | None = N
 
 def format_summary(summary: dict) -> str:
     s = summary["stats"]
-    lines = [f"flat-tokens: wrote {summary['output']}",
+    built = summary.get("already_built")
+    first = (f"flat-tokens: {summary['output']} was already built by run {summary.get('built_by_run')}; nothing "
+             f"was rewritten" if built else f"flat-tokens: wrote {summary['output']}")
+    lines = [first,
              f"  input: {s['documents']:,} documents, {s['blank']:,} blank lines, {s['rejected']:,} rejected lines, "
              f"{s['empty']:,} empty documents (dropped)"
              + (f", {s['duplicates']:,} duplicates (removed)" if s.get("duplicates") else "")]
@@ -140,7 +143,8 @@ def format_summary(summary: dict) -> str:
     if summary["output_bytes"] is not None:
         per_token = f", {summary['bytes_per_token']} bytes/token" if summary["bytes_per_token"] else ""
         lines.append(f"  output: {summary['output_bytes'] / 2**20:,.1f} MiB{per_token}")
-    lines.append(f"  time: {summary['wall_seconds']:,.1f} s, {summary['tokens_per_second'] or 0:,.0f} tokens/s")
+    if not built:
+        lines.append(f"  time: {summary['wall_seconds']:,.1f} s, {summary['tokens_per_second'] or 0:,.0f} tokens/s")
     return "\n".join(lines)
 
 
@@ -249,7 +253,7 @@ class _Stopping:
         what = {"checking": "before the pipeline started; nothing was written",
                 "running": f"before the run finished; {self.output} was not committed by this run ("
                            + ("rerun the same command to resume it" if self.resumable else
-                              "--no_staging kept nothing: rerun with --overwrite to replace it")
+                              "--no_staging kept nothing to resume: rerunning the same command starts over")
                            + "); its temporary files are removed",
                 "committed": f"after {self.output} was committed; its temporary files are removed"}[self.phase]
         print(f"flat-tokens: stopped by {signal.Signals(signum).name} {what}", file=sys.stderr)
@@ -311,11 +315,26 @@ def _main(argv, options, ft, stopping: _Stopping) -> int:
         also_ours = summary_in_output(ft)
         if ft.summary_json:
             check_summary_path(ft.summary_json, bool(also_ours), ft.output)
-        # before any data is read; an unfinished output that this command made is resumed
-        found = zarr_store.refuse_occupied(ft.output, ft.overwrite, resumable=resume.same_command(ft),
-                                           also_ours=also_ours)
+        # A dataset this command built already is not built again (a retry after its commit).
+        committed = None if ft.overwrite else resume.committed_here(ft)
+        built = committed if resume.built_by(committed, ft) else None
+        if built is None:  # before any data is read; an unfinished output that this command made is resumed
+            earlier = committed.get("command") if committed else resume.earlier_command(ft)
+            same = not committed and resume.is_command(earlier, ft)
+            found = zarr_store.refuse_occupied(ft.output, ft.overwrite, resumable=same, also_ours=also_ours,
+                                               other_command=resume.option_changes(earlier, ft) if earlier and not same
+                                               else None)
         plan = plan_job(ft)
         plan.also_ours = also_ours
+        plan.provenance["command"] = resume.built_from(ft, plan)
+        if built is not None:
+            changed = resume.input_changes(built, ft, plan)
+            if changed:
+                raise zarr_store.OutputError(
+                    f"--output {ft.output}: holds a dataset this command built (run {built.get('run_id')}), but "
+                    f"from other input: {changed}. Pass --overwrite to build it again from the input as it is "
+                    f"now, or choose another path")
+            return _report_built(ft, built)
         plan.expected_owner = (*found.owner, found.committed)  # CreateOutput replaces only this, or stops
         plan.take_unfinished = not found.committed
         # Files a directory input holds but does not read count too: an output among them
@@ -328,9 +347,8 @@ def _main(argv, options, ft, stopping: _Stopping) -> int:
     except (OptionError, InputError, TokenizerError, zarr_store.OutputError) as e:
         return _fail(str(e), USAGE_ERROR)
     plan.resume = resume.prepare(plan, ft, found, plan.target.storage_options)
-    resuming = resume.describe(plan.resume)
-    if resuming:
-        logs.log().info(resuming)
+    for notable, line in resume.describe(plan.resume):
+        (logs.log().warning if notable else logs.log().info)(line)
 
     started = time.time()
     stopping.phase = "running"
@@ -358,11 +376,22 @@ def _main(argv, options, ft, stopping: _Stopping) -> int:
     return _report(ft, plan, time.time() - started)
 
 
-def _report(ft, plan, wall_seconds: float) -> int:
+def _report_built(ft, attrs: dict) -> int:
+    """The same command over the same input finds its dataset committed (a retry of a run
+    killed after its commit, a scheduler's second try): nothing is rewritten; its summary is
+    reported (and written to --summary_json) as if it had just been built. Exit 0."""
+    logs.log().info("flat-tokens: %s: already built by run %s (this command, the same input files and "
+                    "tokenizer); nothing to do", ft.output, attrs.get("run_id"))
+    return _report(ft, None, 0.0, {"already_built": True, "built_by_run": attrs.get("run_id")})
+
+
+def _report(ft, plan, wall_seconds: float, extra: dict | None = None) -> int:
     """The summary of a committed dataset. Nothing here can fail the run any more: the
     dataset is committed, and a scheduler must not be told otherwise."""
     try:
-        summary = summarize(ft.output, wall_seconds, plan.target.storage_options, plan.resume)
+        summary = summarize(ft.output, wall_seconds, plan.target.storage_options if plan else None,
+                            plan.resume if plan else None)
+        summary.update(extra or {})
     except Exception as e:  # e.g. another run --overwrite replaced it already
         logs.log().warning("flat-tokens: warning: %s is committed, but its summary could not be read (%s: %s)",
                            ft.output, type(e).__name__, e)

@@ -42,8 +42,9 @@ def test_an_existing_dataset_is_refused_without_overwrite(tmp_path):
     out = tmp_path / "out.zarr"
     run_pipeline("--input", src, "--output", out, "--tokenizer", "bytes")
     before = tree_digest(out)
-    proc = run_pipeline("--input", src, "--output", out, "--tokenizer", "bytes", check=False)
+    proc = run_pipeline("--input", src, "--output", out, "--tokenizer", "bytes", "--seed", "1", check=False)
     assert proc.returncode == 2 and "--overwrite" in proc.stderr and str(out) in proc.stderr
+    assert "built by another command (--seed 0 -> 1)" in proc.stderr, proc.stderr
     assert tree_digest(out) == before
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "notes.txt").write_text("not ours")
@@ -189,3 +190,29 @@ def test_a_summary_json_inside_the_output_is_the_output_s_own(tmp_path):
     # Inside a split it would make the dataset foreign: refused before anything is read.
     proc = run_pipeline(*args[:-1], out / "train" / "summary.json", "--overwrite", check=False)
     assert proc.returncode == 2 and "where the dataset's own files go" in proc.stderr, proc.stderr
+
+
+def test_the_same_command_after_its_commit_finds_the_dataset_already_built(tmp_path):
+    """A run killed after its commit, or a scheduler's retry of a job that finished, reran the
+    command and got exit 2 ("exists and is not empty"). The same command over the same input
+    now says so and exits 0, rewriting nothing; --summary_json is written for the retry."""
+    src = write_jsonl(tmp_path / "in" / "a.jsonl", [f"document {i}" for i in range(100)])
+    out, summary = tmp_path / "out.zarr", tmp_path / "summary.json"
+    args = ["--input", tmp_path / "in", "--tokenizer", "bytes", "--output", out]
+    run_pipeline(*args, "--summary_json", summary)
+    first = json.loads(summary.read_text())
+    summary.unlink()
+    before = tree_digest(out)
+    proc = run_pipeline(*args, "--summary_json", summary)
+    run_id = first["run_id"]
+    assert f"already built by run {run_id}" in proc.stderr and "nothing was rewritten" in proc.stdout, proc.stderr
+    assert tree_digest(out) == before
+    retried = json.loads(summary.read_text())
+    assert retried["already_built"] is True and retried["built_by_run"] == run_id
+    assert retried["stats"] == first["stats"] and retried["output_bytes"] == first["output_bytes"]
+    # The same command over changed input is not the same dataset: refused, saying why.
+    with open(src, "a") as f:
+        f.write(json.dumps({"text": "one more document"}) + "\n")
+    proc = run_pipeline(*args, check=False)
+    assert proc.returncode == 2 and "from other input" in proc.stderr and "--overwrite" in proc.stderr, proc.stderr
+    assert tree_digest(out) == before

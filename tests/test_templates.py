@@ -588,10 +588,15 @@ def test_launcher_runs_a_mixture(tmp_path):
 def test_relaunch_without_overwrite_is_refused_and_keeps_the_dataset(launched, capsys):
     assert launched.proc.returncode == 0
     before = root_run_id(launched.out)
+    # The same job again (a scheduler's retry): already built, nothing rewritten, exit 0.
     argv = [f"--{k}={v}" for k, v in launched.params.items() if k != "overwrite"]
-    assert load_launcher().main(argv) == 2
+    assert load_launcher().main(argv) == 0
+    assert f"was already built by run {before}" in capsys.readouterr().out
+    # Another job on the same output: refused.
+    reseeded = [a for a in argv if not a.startswith("--seed=")] + ["--seed=8"]
+    assert load_launcher().main(reseeded) == 2
     assert "exists and is not empty" in capsys.readouterr().err
-    assert load_launcher().main(argv + ["--overwrite=false"]) == 2
+    assert load_launcher().main(reseeded + ["--overwrite=false"]) == 2
     assert root_run_id(launched.out) == before
     dataset_ok(launched.out)
 

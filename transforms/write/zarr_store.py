@@ -112,10 +112,11 @@ def _compressors(target: StoreTarget, dtype_size: int):
 
 
 def refuse_occupied(url: str, overwrite: bool, storage_options: dict | None = None,
-                    resumable: bool = False, also_ours: tuple = ()) -> ownership.OutputState:
+                    resumable: bool = False, also_ours: tuple = (), other_command: list | None = None
+                    ) -> ownership.OutputState:
     """The launcher's check, before any data is read: what is at the output, or OutputError
     when this run may not use it (see transforms/write/ownership.py for the rule)."""
-    return ownership.refuse_for_run(url, overwrite, storage_options, resumable, also_ours)
+    return ownership.refuse_for_run(url, overwrite, storage_options, resumable, also_ours, other_command)
 
 
 def prepare_output(target: StoreTarget, overwrite: bool, expected_owner: tuple = (0, "", False),
