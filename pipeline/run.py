@@ -28,7 +28,7 @@ import apache_beam as beam  # noqa: E402
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions, StandardOptions
 from fsspec.core import url_to_fs
 
-from pipeline import VERSION, allocator, cloud, resume, scratch
+from pipeline import VERSION, allocator, cloud, resume, scratch, worker_guard
 from pipeline.graph import build_pipeline
 from pipeline.environment import worker_environment, workers_see_launcher_disk
 from pipeline.plan import plan_job
@@ -52,12 +52,13 @@ def _fail(message: str, code: int) -> int:
     return code
 
 
-def in_process_runner(options: PipelineOptions):
+def in_process_runner(options: PipelineOptions, report_dir: str | None = None):
     """The runner for the default `--runner` (unset or DirectRunner): Beam's FnApiRunner,
     set up as DirectRunner sets it up, so --direct_running_mode and --direct_num_workers
     work as documented. Beam's DirectRunner would first try to switch to the Prism runner,
     a binary it downloads at run time when the network allows: the same command would then
-    run on one runner online and another offline. None for any other --runner."""
+    run on one runner online and another offline. None for any other --runner.
+    `report_dir`: where workers started by a command report an early end (WorkerWatch)."""
     if options.view_as(StandardOptions).runner not in (None, "DirectRunner"):
         return None
     from apache_beam.portability.api import beam_provision_api_pb2
@@ -73,7 +74,7 @@ def in_process_runner(options: PipelineOptions):
 
     encoded = JobServiceHandle.encode_pipeline_options(options.get_all_options())
     # --environment_type: workers started elsewhere, by a command (pipeline/environment.py)
-    return FnApiRunner(default_environment=worker_environment(options),
+    return FnApiRunner(default_environment=worker_environment(options, report_dir),
                        provision_info=fn_runner.ExtendedProvisionInfo(
                            beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded)))
 
@@ -230,6 +231,7 @@ class _Stopping:
         self.phase = "checking"  # then "running", then "committed"
         self.directories: list[str] = []
         self._saved = {}
+        self._failing = threading.Lock()
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
@@ -240,22 +242,37 @@ class _Stopping:
         for s, handler in self._saved.items():
             signal.signal(s, handler)
 
-    def _stop(self, signum, frame):
-        for s in self.SIGNALS:  # a second signal while stopping must not interrupt the cleanup
-            signal.signal(s, signal.SIG_IGN)
+    def fail(self, message: str) -> None:
+        """Ends the run as failed, from any thread: for a failure the runner would wait on
+        forever (a worker that died). Exit 1, its temporary files removed, one line."""
+        with self._failing:
+            if self.phase != "running":
+                return
+            self._end()
+            print(f"flat-tokens: error: the pipeline failed; {self.output} was not committed. Cause: {message}",
+                  file=sys.stderr)
+            logs.exit_process(PIPELINE_FAILED)
+
+    def _end(self) -> None:
         # The runner's threads notice their workers stopping, and would print tracebacks: the
-        # one line below says what happened.
+        # one line the caller prints says what happened.
         threading.excepthook = lambda args: None
         logging.disable(logging.CRITICAL)
         _stop_children()
         for path in reversed(self.directories):
             scratch.remove(path)
+
+    def _stop(self, signum, frame):
+        for s in self.SIGNALS:  # a second signal while stopping must not interrupt the cleanup
+            signal.signal(s, signal.SIG_IGN)
+        phase, self.phase = self.phase, "stopping"  # the workers it stops are not failures (fail)
+        self._end()
         what = {"checking": "before the pipeline started; nothing was written",
                 "running": f"before the run finished; {self.output} was not committed by this run ("
                            + ("rerun the same command to resume it" if self.resumable else
                               "--no_staging kept nothing to resume: rerunning the same command starts over")
                            + "); its temporary files are removed",
-                "committed": f"after {self.output} was committed; its temporary files are removed"}[self.phase]
+                "committed": f"after {self.output} was committed; its temporary files are removed"}[phase]
         print(f"flat-tokens: stopped by {signal.Signals(signum).name} {what}", file=sys.stderr)
         logs.exit_process(128 + signum)
 
@@ -366,7 +383,7 @@ def _main(argv, options, ft, stopping: _Stopping) -> int:
             stopping.directories.append(plan.spill_dir)
             logs.log().debug("shard parts wait for the sort in %s", plan.spill_dir)
         with scratch.temporary_files_in(temp_dir):  # Beam's own temporary directory too
-            code = _run(options, plan, ft)
+            code = _run(options, plan, ft, stopping, os.path.join(temp_dir, "workers"))
     finally:
         for path in reversed(stopping.directories):
             scratch.remove(path)
@@ -407,10 +424,22 @@ def _report(ft, plan, wall_seconds: float, extra: dict | None = None) -> int:
     return 0
 
 
-def _run(options, plan, ft) -> int | None:
-    """Runs the pipeline; None when it finished, else the exit code."""
-    pipeline = beam.Pipeline(runner=in_process_runner(options), options=options)
+def _run(options, plan, ft, stopping: _Stopping | None = None, report_dir: str | None = None) -> int | None:
+    """Runs the pipeline; None when it finished, else the exit code. Workers started by a
+    command of the user's report an early end in `report_dir`: the run then fails (exit 1,
+    through `stopping`) with what the worker said, where the runner would wait forever."""
+    pipeline = beam.Pipeline(runner=in_process_runner(options, report_dir), options=options)
     build_pipeline(pipeline, plan)
+    watch, excepthook = None, threading.excepthook
+    if stopping is not None and report_dir is not None and worker_environment(options) is not None:
+        def worker_ended(message: str) -> None:
+            if not _committed_by(plan):  # a worker dying after the commit cannot fail the run
+                stopping.fail(f"{message}. The runner cannot go on without it; check --environment_config "
+                              f"(see README, 'A cluster on one machine')")
+        watch = worker_guard.WorkerWatch(report_dir, worker_ended)
+        watch.start()
+        if not ft.verbose:  # Beam's thread would print a traceback per worker; the watch says it in one line
+            threading.excepthook = _quiet_worker_exits(threading.excepthook)
     if not gc.isenabled():
         # The command line (only it: a caller's process is not ours to change) starts with
         # the collector off. Imports and the graph leave ~120k long-lived objects, which every
@@ -437,7 +466,29 @@ def _run(options, plan, ft) -> int | None:
     finally:
         if progress:
             progress.stop()
+        if watch:
+            watch.stop()
+            threading.excepthook = excepthook
     return None
+
+
+def _quiet_worker_exits(previous):
+    """A threading.excepthook that leaves out the error Beam's worker threads raise when their
+    worker process exits (`Worker subprocess exited with return code N`)."""
+    def hook(args):
+        if getattr(args.thread, "name", "") == "run_worker" and "Worker subprocess exited" in str(args.exc_value):
+            return
+        previous(args)
+    return hook
+
+
+def _committed_by(plan) -> bool:
+    """Whether this run committed its dataset already."""
+    try:
+        return zarr_store.read_root_attributes(plan.target.url, plan.target.storage_options).get(
+            "run_id") == plan.target.run_id
+    except Exception:
+        return False
 
 
 if __name__ == "__main__":
