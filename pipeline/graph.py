@@ -1,12 +1,12 @@
 """The pipeline graph, as one sentence per step:
 
-    read the corpus -> tokenize it -> [drop duplicate texts] -> [weigh sources: count each
+    read the corpus -> tokenize it -> [drop duplicate texts] -> [limit document lengths] -> [weigh sources: count each
     source's train tokens, turn them into multipliers] -> shuffle it globally (making a
     mixture's copies) -> lay the shards out -> create the output -> report rejected lines
     -> check the rejected fraction -> write the flat-tokens arrays -> commit the dataset.
 
-The bracketed steps run with --dedup exact and --mixture only; without them the graph is
-the plain one. Each step comes from the stage package named in its import, in the order of
+The bracketed steps run with --dedup exact, --min_tokens or --max_tokens, and --mixture only;
+without them the graph is the plain one. Each step comes from the stage package named in its import, in the order of
 the sentence (the map: docs/design.md).
 
 `build_pipeline` only wires transforms; pipeline/plan.py turns options into the JobPlan it
@@ -20,6 +20,7 @@ import apache_beam as beam
 from transforms.read import ReadCorpus
 from transforms.tokenize import TokenizeBatches
 from transforms.tokenize import DropDuplicates
+from transforms.tokenize import LimitLengths
 from transforms.shuffle import WeighSources
 from transforms.shuffle import ShuffleGlobally
 from transforms.write import LayOutShards
@@ -71,6 +72,11 @@ def build_pipeline(p: beam.Pipeline, plan: JobPlan):
             plan.source_of_input if plan.mixture is not None else plan.record_sources)
         batches = distinct.batches
         counted.append(distinct.counts)
+    if plan.length_limits.active():
+        limited = batches | "LimitLengths" >> LimitLengths(
+            plan.length_limits, plan.source_of_input if plan.mixture is not None else None)
+        batches = limited.batches
+        counted.append(limited.counts)
     sampling = None
     if plan.mixture is not None:
         sampling, source_counts = batches | "WeighSources" >> WeighSources(

@@ -242,6 +242,7 @@ def job_key(plan, units: dict) -> str:
         "seed": plan.seed, "validation_fraction": plan.validation_fraction, "num_shards": plan.num_shards,
         "dedup_shards": plan.dedup_shards, "mixture": repr(plan.mixture), "source_of_input": plan.source_of_input,
         "record_sources": plan.record_sources, "storage": plan.target.describe(),
+        "lengths": plan.length_limits.describe(),
         "arrays": list(plan.target.arrays())})
 
 

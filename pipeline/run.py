@@ -128,7 +128,12 @@ def format_summary(summary: dict) -> str:
     lines = [first,
              f"  input: {s['documents']:,} documents, {s['blank']:,} blank lines, {s['rejected']:,} rejected lines, "
              f"{s['empty']:,} empty documents (dropped)"
-             + (f", {s['duplicates']:,} duplicates (removed)" if s.get("duplicates") else "")]
+             + (f", {s['duplicates']:,} duplicates (removed)" if s.get("duplicates") else "")
+             + (f", {s['too_short']:,} shorter than --min_tokens (dropped)" if "too_short" in s else "")
+             + (f", {s['truncated']:,} truncated to --max_tokens ({s['truncated_tokens']:,} tokens dropped)"
+                if s.get("truncated") else "")
+             + (f", {s['split']:,} split by --max_tokens into {s['split'] + s['extra_sequences']:,} sequences"
+                if s.get("split") else "")]
     if summary.get("rejected_output"):
         reasons = ", ".join(f"{k} {v}" for k, v in s["rejected_by_reason"].items())
         lines.append(f"  rejected lines ({reasons}) are listed in {summary['rejected_output']}/")

@@ -527,6 +527,8 @@ VARIANTS = {
     "zarr 3 sharded": (corpus, ["--zarr_format", "3", "--chunks_per_shard", "2", "--codec", "blosc-zstd"]),
     "parquet": (parquet_corpus, []),
     "mixture": (mixture_corpus, ["--mixture", "{root}/mix.yaml"]),
+    "length limits and a mixture": (mixture_corpus, [
+        "--mixture", "{root}/mix.yaml", "--min_tokens", "20", "--max_tokens", "100"]),
     "two worker processes": (corpus, ["--direct_num_workers", "2", "--direct_running_mode", "multi_processing"]),
 }
 
@@ -536,7 +538,7 @@ def test_resume_gives_the_same_bytes_with(variant, tmp_path):
     make, extra = VARIANTS[variant]
     make(tmp_path / "in")
     args = job_args(tmp_path, *(e.format(root=tmp_path / "in") for e in extra))
-    if variant == "mixture":
+    if "--mixture" in extra:
         args = args[2:]  # no --input
     ref = tmp_path / "ref.zarr"
     run_pipeline(*args, "--output", ref)

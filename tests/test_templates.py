@@ -439,7 +439,7 @@ def test_values_the_regexes_accept_are_values_the_job_accepts(name):
         base = {"input": "gs://my-bucket/x.jsonl", "output": "gs://my-bucket/o.zarr", "tokenizer": "bytes"}
         if name == "mixture":
             del base["input"]
-        extra = ["--zarr_format=3"] if name == "chunks_per_shard" else []
+        extra = {"chunks_per_shard": ["--zarr_format=3"], "long_documents": ["--max_tokens=100"]}.get(name, [])
         argv = launcher.template_argv([*(f"--{k}={v}" for k, v in base.items() if k != name),
                                        f"--{name}={value}", *extra])
         try:
@@ -539,6 +539,7 @@ TEMPLATE_VALUES = {  # every optional parameter, as Dataflow passes it (validati
     "tokenizer_backend": "fastokens", "tokenizer_check_fraction": "0.5", "dedup": "exact",
     "record_sources": "true",
     "split_special_tokens": "true",
+    "min_tokens": "2", "max_tokens": "4096", "long_documents": "split",
 }
 # The parameters `launched` cannot combine with its input/validation_input: see the mixture launch below.
 LAUNCHED_APART = {"mixture"}
