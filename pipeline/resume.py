@@ -9,7 +9,7 @@ staged work is reused by key whichever command finds it, so what a changed optio
 does not affect is reused then too, and the launcher says what changed and what is redone.
 A committed dataset is never resumed (its staging area went with the commit): its
 provenance names the command and input that built it, so the same command finds it
-already built (`built_here`).
+already built (`built_by`, `input_changes`).
 """
 import os
 from dataclasses import dataclass, field
@@ -50,11 +50,6 @@ def earlier_command(o: FlatTokensOptions, storage_options: dict | None = None) -
 
 def is_command(record: dict | None, o: FlatTokensOptions) -> bool:
     return bool(record) and record.get("command") == command_key(o)
-
-
-def same_command(o: FlatTokensOptions, storage_options: dict | None = None) -> bool:
-    """Whether the staging area at --output names this command."""
-    return is_command(earlier_command(o, storage_options), o)
 
 
 def _shown(value) -> str:

@@ -170,7 +170,8 @@ def test_worker_processes_are_quiet_too(tmp_path, corpus):
     write_jsonl(tmp_path / "bad.jsonl", ["fine"] + [None] * 3)
     proc = run_pipeline("--input", tmp_path / "bad.jsonl", "--output", tmp_path / "q.zarr", "--tokenizer", "bytes",
                         *MULTI_PROCESS, check=False)
-    assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr[-3000:]
+    told = [line for line in proc.stderr.strip().splitlines() if not line.startswith("progress: ")]  # a busy machine
+    assert proc.returncode == 1 and len(told) == 1, proc.stderr[-3000:]
     assert "3 of 4 non-blank input lines were rejected" in proc.stderr
 
 

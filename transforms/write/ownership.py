@@ -351,13 +351,14 @@ def refuse_for_run(url: str, overwrite: bool, storage_options: dict | None = Non
     if state.kind == "dataset" and not overwrite and (state.committed or not resumable):
         if not state.committed and other_command is not None:
             differs = f" ({'; '.join(other_command)})" if other_command else ""
-            raise OutputError(f"--output {url}: holds {describe_owner(state)}, made by another command{differs}; "
-                              f"rerun that command to resume it, or pass --overwrite to replace it (the work staged "
-                              f"there that this command still matches is reused), or choose another path")
+            raise OutputError(f"--output {url}: exists and is not empty: it holds {describe_owner(state)}, made by "
+                              f"another command{differs}; rerun that command to resume it, or pass --overwrite to "
+                              f"replace it (the work staged there that this command still matches is reused), or "
+                              f"choose another path")
         if not state.committed:
-            raise OutputError(f"--output {url}: holds {describe_owner(state)}, and nothing there says which "
-                              f"command made it (a run of an earlier version); pass --overwrite to replace it, "
-                              f"or choose another path")
+            raise OutputError(f"--output {url}: exists and is not empty: it holds {describe_owner(state)}, and "
+                              f"nothing there says which command made it (a run of an earlier version); pass "
+                              f"--overwrite to replace it, or choose another path")
         built = f", built by another command ({'; '.join(other_command)})" if other_command else ""
         raise OutputError(f"--output {url}: exists and is not empty; pass --overwrite to replace it, "
                           f"or choose another path ({describe_owner(state)} is there{built})")
