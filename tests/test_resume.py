@@ -322,9 +322,14 @@ def test_a_committed_dataset_is_never_resumed(job, tmp_path):
     root, args, ref = job
     out = tmp_path / "out.zarr"
     shutil.copytree(ref, out)
-    proc = run_pipeline(*args, "--output", out, check=False)
+    before = dataset_digest(out)
+    # The same command: already built (the dataset, copied, is what it would build there).
+    proc = run_pipeline(*args, "--output", out)
+    assert "already built by run" in proc.stderr and "resum" not in proc.stderr + proc.stdout, proc.stderr
+    # Another: refused.
+    proc = run_pipeline(*args, "--seed", "5", "--output", out, check=False)
     assert proc.returncode == 2 and "--overwrite" in proc.stderr
-    assert not area(out).exists()
+    assert not area(out).exists() and dataset_digest(out) == before
 
 
 # ---------------------------------------------------------------------------------------------
