@@ -13,7 +13,7 @@ TRANSFORMS = REPO / "transforms"
 STAGES = ["read", "tokenize", "shuffle", "write"]  # in the order of the sentence
 SENTENCE = [  # (stage, step) as pipeline/graph.py must import them
     ("read", "ReadCorpus"), ("tokenize", "TokenizeBatches"), ("tokenize", "DropDuplicates"),
-    ("shuffle", "WeighSources"), ("shuffle", "ShuffleGlobally"), ("write", "LayOutShards"),
+    ("tokenize", "LimitLengths"), ("shuffle", "WeighSources"), ("shuffle", "ShuffleGlobally"), ("write", "LayOutShards"),
     ("write", "CreateOutput"), ("write", "WriteRejectedLines"), ("write", "CheckRejectedFraction"),
     ("write", "WriteFlatTokens"), ("write", "CommitDataset")]
 

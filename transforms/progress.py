@@ -106,8 +106,8 @@ def progress_line(totals: dict, elapsed: float, input_bytes: int) -> str:
     percent = min(99.9, 100.0 * read / input_bytes) if input_bytes else 0.0
     rate = read / elapsed / 2**20 if elapsed > 0 else 0.0
     tokens = totals.get("tokens", 0)
-    return (f"progress: {read / 2**20:,.1f} of {input_bytes / 2**20:,.1f} MB input read ({percent:.1f}%), "
-            f"{totals.get('documents', 0):,} documents, {tokens:,} tokens; {rate:,.1f} MB/s, "
+    return (f"progress: {read / 2**20:,.1f} of {input_bytes / 2**20:,.1f} MiB input read ({percent:.1f}%), "
+            f"{totals.get('documents', 0):,} documents, {tokens:,} tokens; {rate:,.1f} MiB/s, "
             f"{tokens / elapsed if elapsed > 0 else 0:,.0f} tokens/s; {elapsed:,.0f} s")
 
 

@@ -23,12 +23,14 @@ class CreateOutput(beam.DoFn):
     rerun. `keep_arrays`: the launcher found arrays of this very job there
     (transforms/staging.py, `arrays.json`); they and their chunks stay, and the records of
     those chunks count. Else the records are forgotten before anything is deleted, and the new
-    arrays are marked as this job's once created."""
+    arrays are marked as this job's once created. `also_ours`: top-level files this run
+    writes at the output itself (its --summary_json), which a replaced dataset may hold."""
 
     def __init__(self, target: StoreTarget, overwrite: bool, rejected_url: str,
                  expected_owner: tuple = (0, "", False), area=None, keep_arrays: bool = False,
-                 resumable: bool = False):
+                 resumable: bool = False, also_ours: tuple = ()):
         self._target = target
+        self._also_ours = tuple(also_ours)
         self._resumable = resumable
         self._overwrite = overwrite
         self._rejected_url = rejected_url
@@ -44,7 +46,8 @@ class CreateOutput(beam.DoFn):
         elif area is not None:
             before_removing = area.forget_arrays
         replaced = store.prepare_output(t, self._overwrite, self._expected_owner, keep_splits=self._keep_arrays,
-                                        before_removing=before_removing, resumable=self._resumable)
+                                        before_removing=before_removing, resumable=self._resumable,
+                                        also_ours=self._also_ours)
         rejected.clear_reports(self._rejected_url, replaced, t.storage_options)
         with ownership.fenced(t.url, t.run_id, "its arrays", t.storage_options):
             for split in SPLITS:

@@ -112,14 +112,16 @@ def _compressors(target: StoreTarget, dtype_size: int):
 
 
 def refuse_occupied(url: str, overwrite: bool, storage_options: dict | None = None,
-                    resumable: bool = False) -> ownership.OutputState:
+                    resumable: bool = False, also_ours: tuple = (), other_command: list | None = None
+                    ) -> ownership.OutputState:
     """The launcher's check, before any data is read: what is at the output, or OutputError
     when this run may not use it (see transforms/write/ownership.py for the rule)."""
-    return ownership.refuse_for_run(url, overwrite, storage_options, resumable)
+    return ownership.refuse_for_run(url, overwrite, storage_options, resumable, also_ours, other_command)
 
 
 def prepare_output(target: StoreTarget, overwrite: bool, expected_owner: tuple = (0, "", False),
-                   keep_splits: bool = False, before_removing=None, resumable: bool = False) -> list[str]:
+                   keep_splits: bool = False, before_removing=None, resumable: bool = False,
+                   also_ours: tuple = ()) -> list[str]:
     """Claims the output for this run and removes what it replaces, or refuses.
 
     `expected_owner` is what the launcher found: (claim generation, run id, committed). If
@@ -131,10 +133,11 @@ def prepare_output(target: StoreTarget, overwrite: bool, expected_owner: tuple =
     none, or one this command made). `keep_splits`: a resumed run keeps the arrays;
     `before_removing()` runs once the claim is this run's and the old writes have landed,
     before anything is deleted (the staging area forgets the arrays' chunks there).
+    `also_ours`: top-level files this run writes there itself (ownership.inspect_output).
     Returns the run ids whose output was replaced (their rejected-line reports go too)."""
     so = target.storage_options
     ownership.refuse_root(target.url, so)
-    state = ownership.inspect_output(target.url, so, own_run_id=target.run_id)
+    state = ownership.inspect_output(target.url, so, own_run_id=target.run_id, also_ours=also_ours)
     found = (*state.owner, state.committed)
     if state.owner[1] != target.run_id:  # else: a retry of this step; the claim is this run's already
         if not state.replaceable:
@@ -147,7 +150,7 @@ def prepare_output(target: StoreTarget, overwrite: bool, expected_owner: tuple =
         generation = state.owner[0] + 1
         ownership.claim(target.url, target.run_id, generation, so)
         ownership.wait_for_writers(target.url, target.run_id, so)
-        now = ownership.inspect_output(target.url, so, own_run_id=target.run_id)
+        now = ownership.inspect_output(target.url, so, own_run_id=target.run_id, also_ours=also_ours)
         if now.committed != state.committed:  # the run found there committed while this one claimed
             ownership.release_claim(target.url, target.run_id, generation, so)
             raise _appeared(target, now, expected_owner)
