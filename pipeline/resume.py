@@ -9,8 +9,8 @@ too. A committed dataset is never resumed (its staging area went with the commit
 
 Nothing staged is trusted on its name alone (issue 27): before it chooses what to reuse, the
 launcher checks every staged file against the checksum written with it, and every chunk a
-shard record or chunk mark vouches for against the size and CRC-32C that landed (`check_staged`
-below). What is damaged is redone: a unit is read and tokenized again, a shard written again
+shard record or chunk mark vouches for against the size and CRC-32C that landed (`_check_units`,
+`_check_written`). What is damaged is redone: a unit is read and tokenized again, a shard written again
 (its damaged chunks deleted first, fenced, by CreateOutput: transforms/write/create_output.py),
 a shared chunk merged again. The summary counts them (`reused.damaged`).
 """
