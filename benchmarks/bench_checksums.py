@@ -258,8 +258,9 @@ def main(argv=None) -> int:
         b = {key: median([r[key] for r in writes["before"]]) for key in ("cpu_seconds", "wall_seconds", "peak_rss_mb")}
         a = {key: median([r[key] for r in writes["after"]]) for key in ("cpu_seconds", "wall_seconds", "peak_rss_mb")}
         summary["write_end_to_end"] = a["cpu_seconds"] / b["cpu_seconds"] - 1
+        rounds_cpu = {kind: [r["cpu_seconds"] for r in writes[kind]] for kind in writes}
         lines += [f"(A) writing end to end, medians of {args.rounds} alternated rounds (each round's CPU s: before "
-                  f"{[r['cpu_seconds'] for r in writes['before']]}, after {[r['cpu_seconds'] for r in writes['after']]})",
+                  f"{rounds_cpu['before']}, after {rounds_cpu['after']})",
                   f"  without checksums ({args.before}): CPU {b['cpu_seconds']:.2f} s, wall {b['wall_seconds']:.2f} s, "
                   f"peak RSS {b['peak_rss_mb']:.0f} MB",
                   f"  with checksums (this checkout):  CPU {a['cpu_seconds']:.2f} s, wall {a['wall_seconds']:.2f} s, "
@@ -284,9 +285,10 @@ def main(argv=None) -> int:
         without = median([r["loop_cpu_seconds"] for r in reads[f"{mode} without"]])
         with_ = median([r["loop_cpu_seconds"] for r in reads[f"{mode} with"]])
         summary[f"read_{mode}"] = with_ / without - 1
-        lines.append(f"  {mode:8}: without checksums {without:.3f} s {[round(r['loop_cpu_seconds'], 3) for r in reads[f'{mode} without']]}, "
-                     f"with {with_:.3f} s {[round(r['loop_cpu_seconds'], 3) for r in reads[f'{mode} with']]}: "
-                     f"{summary[f'read_{mode}']:+.1%}  {'PASS' if summary[f'read_{mode}'] <= TARGET else 'FAIL'}")
+        each = {kind: [round(r["loop_cpu_seconds"], 3) for r in reads[f"{mode} {kind}"]]
+                for kind in ("without", "with")}
+        lines.append(f"  {mode:8}: without checksums {without:.3f} s {each['without']}, with {with_:.3f} s "
+                     f"{each['with']}: {summary[f'read_{mode}']:+.1%}  {'PASS' if summary[f'read_{mode}'] <= TARGET else 'FAIL'}")
     results["summary"] = summary
     print("\n".join(lines))
     if args.json:

@@ -236,7 +236,8 @@ def _check_written(resume: Resume, records: dict, marks: set) -> tuple[dict, set
         shard, (chunks, name) = item
         try:
             header, _ = area.read_shard(area.job_key, name)
-            return shard, [(f"{base}/{header['split']}/{key}", Sum(size, crc)) for key, size, crc in header["objects"]], None
+            objects = [(f"{base}/{header['split']}/{key}", Sum(size, crc)) for key, size, crc in header["objects"]]
+            return shard, objects, None
         except (Damaged, KeyError, TypeError, ValueError) as e:
             return shard, None, str(e) if isinstance(e, Damaged) else f"shard record {name}: damaged: {e}"
         except FileNotFoundError as e:

@@ -1,4 +1,5 @@
-"""Smoke tests of benchmarks/bench_pipeline.py, bench_reader.py, bench_resume.py, bench_codecs.py, bench_checksums.py, bit_flips.py and simulate_scale.py on tiny inputs: they run end to end and
+"""Smoke tests of benchmarks/bench_pipeline.py, bench_reader.py, bench_resume.py, bench_codecs.py,
+bench_checksums.py, bit_flips.py and simulate_scale.py on tiny inputs: they run end to end and
 report every field (no timing assertions: the numbers depend on the machine)."""
 import json
 import subprocess

@@ -86,7 +86,8 @@ def test_zarr2_zstd_chunks_are_checksummed_zstd_frames_that_any_zstd_decoder_rea
         # Any zstd decoder skips the skippable frame: zstandard as zarr's numcodecs does.
         assert zstandard.ZstdDecompressor().decompress(data) == numcodecs.Zstd().decode(data), path
     train = zarr.open_group(str(dataset), mode="r")["train"]  # plain zarr reads it, unchecked
-    assert np.array_equal(train["encoded_tokens"][:], np.concatenate(list(FlatTokensSplit(str(dataset)).iter_encoded())))
+    served = np.concatenate(list(FlatTokensSplit(str(dataset)).iter_encoded()))
+    assert np.array_equal(train["encoded_tokens"][:], served)
 
 
 def test_zarr3_and_blosc_chunks_carry_crc32c_or_crc32_and_a_flip_is_found(tmp_path):
@@ -101,8 +102,9 @@ def test_zarr3_and_blosc_chunks_carry_crc32c_or_crc32_and_a_flip_is_found(tmp_pa
     for path in chunk_files(blosc):
         data = path.read_bytes()
         assert struct.unpack("<I", data[:4])[0] == zlib.crc32(data[4:]), path
-    for root, shard, message in ((v3, "train/encoded_tokens/c/0", r"chunk train/encoded_tokens/c/0 \(its inner chunk 1\)"),
-                                 (blosc, "train/encoded_tokens/0", "chunk train/encoded_tokens/0 is damaged")):
+    for root, shard, message in (
+            (v3, "train/encoded_tokens/c/0", r"chunk train/encoded_tokens/c/0 \(its inner chunk 1\)"),
+            (blosc, "train/encoded_tokens/0", "chunk train/encoded_tokens/0 is damaged")):
         assert verify.verify_dataset(str(root)) == []
         path = root / shard
         if root is v3:  # in the shard's second inner chunk: zarr's crc32c codec finds it, the reader names it

@@ -80,21 +80,22 @@ def problem(data, scheme_name: str | None) -> str | None:
         magic, size, stored = _TRAILER.unpack(view[n - TRAILER_SIZE:])
         if magic != SKIPPABLE_MAGIC or size != 4:
             return "does not end with its checksum frame (truncated, or damaged at its end)"
-        got = crc32c(view[:n - TRAILER_SIZE])
-        return None if got == stored else f"does not match its CRC-32C: its bytes give {got:08x}, it carries {stored:08x}"
+        return _mismatch("CRC-32C", crc32c(view[:n - TRAILER_SIZE]), stored)
     if scheme_name == CRC32C:
         if n < 4:
             return f"holds {n} bytes, too few for its CRC-32C (truncated?)"
         stored = struct.unpack("<I", view[n - 4:])[0]
-        got = crc32c(view[:n - 4])
-        return None if got == stored else f"does not match its CRC-32C: its bytes give {got:08x}, it carries {stored:08x}"
+        return _mismatch("CRC-32C", crc32c(view[:n - 4]), stored)
     if scheme_name == CRC32:
         if n < 4:
             return f"holds {n} bytes, too few for its CRC-32 (truncated?)"
         stored = struct.unpack("<I", view[:4])[0]
-        got = zlib.crc32(view[4:])
-        return None if got == stored else f"does not match its CRC-32: its bytes give {got:08x}, it carries {stored:08x}"
+        return _mismatch("CRC-32", zlib.crc32(view[4:]), stored)
     return f"carries an unknown checksum scheme {scheme_name!r} (written by a newer version?)"
+
+
+def _mismatch(name: str, got: int, stored: int) -> str | None:
+    return None if got == stored else f"does not match its {name}: its bytes give {got:08x}, it carries {stored:08x}"
 
 
 def of_dataset(attrs: dict) -> str | None:
