@@ -35,7 +35,7 @@ import zlib
 
 import numcodecs
 
-from transforms.checksums import crc32c
+from transforms.checksums import Sum, crc32c
 
 ZSTD_FRAME = "zstd+crc32c-frame"
 CRC32C = "crc32c"
@@ -63,7 +63,15 @@ def zstd_encoder(level: int) -> numcodecs.Zstd:
 
 def seal_zstd_frame(frame) -> bytes:
     """A ZSTD_FRAME chunk: the zstd frame, then the skippable frame holding its CRC-32C."""
-    return bytes(frame) + _TRAILER.pack(SKIPPABLE_MAGIC, 4, crc32c(frame))
+    return sealed_zstd_frame(frame)[0]
+
+
+def sealed_zstd_frame(frame) -> tuple[bytes, Sum]:
+    """seal_zstd_frame's chunk, and its Sum (size and CRC-32C of the whole object: the frame's
+    CRC-32C extended over the 12 bytes after it, so the frame is summed once)."""
+    frame_crc = crc32c(frame)
+    trailer = _TRAILER.pack(SKIPPABLE_MAGIC, 4, frame_crc)
+    return bytes(frame) + trailer, Sum(len(frame) + len(trailer), crc32c(trailer, frame_crc))
 
 
 def problem(data, scheme_name: str | None) -> str | None:

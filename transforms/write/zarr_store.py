@@ -316,12 +316,13 @@ class ChunkWriter:
         if self._compressor is not None:
             encoded = self._compressor.encode(encoded)
         if self._scheme == chunk_checksums.ZSTD_FRAME:
-            encoded = chunk_checksums.seal_zstd_frame(encoded)
+            encoded, summed = chunk_checksums.sealed_zstd_frame(encoded)
         else:
             encoded = bytes(encoded)
+            summed = Sum.of(encoded)
         key = self._meta.encode_chunk_key((index,))
         self._fs.pipe_file(posixpath.join(self._prefix, key), encoded)
-        return f"{self._name}/{key}", Sum.of(encoded)
+        return f"{self._name}/{key}", summed
 
 
 class _SummingStore(WrapperStore):
