@@ -22,7 +22,7 @@ A flip is *found* when it ends as `error`. `--strip_checksums` rewrites the data
 tool wrote it before chunks carried checksums (plain zstd frames, no `storage.checksums`),
 to compare; zarr 2 and `--codec zstd` only. With `--zstd_headers`, it also flips every bit
 of the frame header, the first block header and the checksum frame of one chunk (an
-exhaustive look at the places a content checksum cannot cover).
+exhaustive look at the places zstd's own content checksum would not cover).
 Prints a table; `--json PATH` writes the counts and every flip.
 """
 from __future__ import annotations
@@ -126,8 +126,8 @@ def try_flip(root: Path, path: Path, byte: int, bit: int, expected: dict) -> dic
 
 
 def zstd_header_places(path: Path) -> list[tuple[int, int]]:
-    """Every bit of one zstd chunk's frame header, first block header and last 16 bytes (the
-    content checksum and the CRC-32C frame)."""
+    """Every bit of one zstd chunk's frame header, first block header and last 16 bytes (the end
+    of its last block and the CRC-32C frame)."""
     data = path.read_bytes()
     fhd = data[4]
     single, fcs = (fhd >> 5) & 1, fhd >> 6

@@ -13,7 +13,7 @@ old run's. Three guards, one for each:
 * The same store checks each chunk it reads whole against the checksum the chunk carries
   (`check_chunks`, transforms/write/chunk_checksums.py: a CRC-32C of its stored bytes, so
   every flipped bit is found), and raises CorruptChunk naming the chunk and the dataset.
-  zarr checks zstd's content checksum and the crc32c/crc32 codecs itself as it decodes; with
+  zarr checks the crc32c/crc32 codecs itself as it decodes; with
   zarr 3 sharding it reads inner chunks by byte range, and only zarr checks those. `read`
   names the chunk whatever zarr raised (a truncated chunk of a dataset written before chunks
   carried checksums raised a bare RuntimeError).

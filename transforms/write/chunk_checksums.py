@@ -3,26 +3,25 @@
 One scheme per zarr format and codec, recorded in the dataset's provenance (root attribute
 `storage.checksums`); docs/design.md ("Chunks and codecs") has the measurements behind it:
 
-* `zstd+crc32c-frame` (zarr 2, `--codec zstd`, the default): each chunk is a zstd frame that
-  carries its content checksum (XXH64 of the values, which every zstd decoder checks: zarr
-  2.x, seqax, `zstd -d`), followed by a zstd *skippable frame* holding the CRC-32C of the zstd
+* `zstd+crc32c-frame` (zarr 2, `--codec zstd`, the default): each chunk is the zstd frame
+  zarr would write, followed by a zstd *skippable frame* holding the CRC-32C of the zstd
   frame's bytes. Every zstd decoder skips such a frame (the format reserves them for user
   data), so the chunk stays readable by any zarr and numcodecs, and `.zarray` keeps the plain
-  `{"id": "zstd", "level": 1}`: `"checksum": true` there makes numcodecs before 0.13 refuse
-  the array (`Zstd() got an unexpected keyword argument 'checksum'`). The content checksum
-  alone misses flips that decode to the same values or only change the frame header's
-  window or unused bits (measured: a few in a thousand random flips); the CRC-32C of the
-  stored bytes catches every one.
-* `crc32c` (zarr 3, any codec): zarr 3's standard `crc32c` codec after the compressor (and,
-  with zstd, the frame's content checksum too); with sharding it follows each inner chunk,
-  and zarr's shard index carries its own.
+  `{"id": "zstd", "level": 1}`. Not zstd's own content checksum (XXH64 of the values): every
+  zstd decoder checks it, but checking it cost the reader ~8% of its instructions, it misses
+  flips that decode to the same values (the frame header's window and unused bits, entropy
+  tables), and `"checksum": true` in `.zarray` makes numcodecs before 0.13 refuse the array
+  (`Zstd() got an unexpected keyword argument 'checksum'`). The CRC-32C of the stored bytes
+  costs ~0.4% and catches every flip (docs/design.md, "Checksums").
+* `crc32c` (zarr 3, any codec): zarr 3's standard `crc32c` codec after the compressor; with
+  sharding it follows each inner chunk, and zarr's shard index carries its own.
 * `crc32` (zarr 2, `--codec blosc-*`): Blosc 1 frames carry no checksum, so the chunk is the
   Blosc frame behind numcodecs' `crc32` filter (zlib's CRC-32 of it, in 4 bytes before it):
   `.zarray` has `"compressor": null, "filters": [blosc, crc32]`, which every numcodecs reads
   (its `crc32c` filter came only with 0.14).
 
 The stored bytes of a chunk are checked here, where they are read (pipeline/read_guard.py);
-zarr itself also checks the `crc32c`/`crc32` codecs and zstd's content checksum as it decodes.
+zarr itself also checks the `crc32c` and `crc32` codecs as it decodes.
 Datasets written before this had no scheme (None): they are read as ever, unchecked, and
 `flat-tokens verify` says so.
 
@@ -32,8 +31,6 @@ from __future__ import annotations
 
 import struct
 import zlib
-
-import numcodecs
 
 from transforms.checksums import Sum, crc32c
 
@@ -54,11 +51,6 @@ def scheme(zarr_format: int, codec: str) -> str:
     if zarr_format == 3:
         return CRC32C
     return ZSTD_FRAME if codec == "zstd" else CRC32
-
-
-def zstd_encoder(level: int) -> numcodecs.Zstd:
-    """The zstd compressor of ZSTD_FRAME chunks: frames with their content checksum."""
-    return numcodecs.Zstd(level=level, checksum=True)
 
 
 def seal_zstd_frame(frame) -> bytes:
