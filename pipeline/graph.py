@@ -111,7 +111,8 @@ def build_pipeline(p: beam.Pipeline, plan: JobPlan):
         | "CreateOutput" >> beam.ParDo(
             CreateOutput(plan.target, plan.overwrite, plan.rejected_url, plan.expected_owner, area,
                          keep_arrays=bool(resume and resume.keep_arrays),
-                         resumable=plan.take_unfinished, also_ours=plan.also_ours), layout_view))
+                         resumable=plan.take_unfinished, also_ours=plan.also_ours,
+                         rewrite=resume.rewrite if resume else ()), layout_view))
     reports = corpus.rejected | "ReportRejectedLines" >> WriteRejectedLines(
         plan.rejected_url, beam.pvalue.AsList(corpus.line_counts), singleton(created), so, plan.target.run_id)
     ready = counts | "CheckRejectedFraction" >> beam.ParDo(

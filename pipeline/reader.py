@@ -14,9 +14,11 @@
     train.packed_batches(2048, 32, rank=1, world_size=4, segments=True, sources=True)  # -> Batch
 
 Only a committed dataset opens (root attributes ``format == "flat-tokens"`` and
-``complete is True``); anything else raises DatasetError. Reads never serve zeros or another
-dataset's data (pipeline/read_guard.py): a missing chunk raises MissingChunk, and a dataset
-deleted or replaced after it was opened raises DatasetReplaced at the next read. Opening reads metadata only;
+``complete is True``); anything else raises DatasetError. Reads never serve zeros, damaged
+data or another dataset's data (pipeline/read_guard.py): a missing chunk raises
+MissingChunk, a chunk that does not match the checksum it carries (or cannot be decoded)
+raises CorruptChunk naming it, and a dataset deleted or replaced after it was opened raises
+DatasetReplaced at the next read. Opening reads metadata only;
 every access reads exactly the slices it needs, so memory stays bounded whatever the size of
 the dataset, and random access is O(1) in it. Nothing is cached: a FlatTokensSplit holds no
 mutable state after construction, so one instance may be shared by reader threads (each
@@ -59,7 +61,8 @@ import numpy as np
 import zarr
 
 from pipeline import read_guard, verify
-from pipeline.read_guard import DatasetError, DatasetReplaced, MissingChunk, RunGuard  # noqa: F401 (API)
+from pipeline.read_guard import CorruptChunk, DatasetError, DatasetReplaced, MissingChunk, RunGuard  # noqa: F401 (API)
+from transforms.write import chunk_checksums
 
 SPLITS = ("train", "validation")
 TOKENS = "encoded_tokens"
@@ -346,6 +349,12 @@ class FlatTokensSplit:
             if self._sources.shape[0] != self.num_sequences:
                 raise DatasetError(f"{self.url}: {split}/{SEQ_SOURCES} has {self._sources.shape[0]} entries for "
                                    f"{self.num_sequences} sequences")
+        # Every chunk read is checked against the checksum it carries (None: a dataset written
+        # before chunks carried one, read unchecked).
+        self.chunk_checksums: str | None = chunk_checksums.of_dataset(self.attrs)
+        for arr in (self._tokens, self._starts, self._sources):
+            if arr is not None:
+                read_guard.check_chunks(arr, arr.path, self.chunk_checksums)
         names = self.attrs.get("sources")
         self.source_names: list[str] | None = list(names) if self._sources is not None and names else None
 
@@ -367,7 +376,7 @@ class FlatTokensSplit:
     def _read(self, arr, lo: int, hi: int, check: bool = True) -> np.ndarray:
         """arr[lo:hi]: a missing chunk raises MissingChunk (read_guard), and with `check` the run
         is confirmed after the read, so the values are the opened run's or an error is raised."""
-        values = np.asarray(arr[lo:hi])
+        values = read_guard.read(arr, lo, hi)
         if check:
             self._guard.check()
         return values

@@ -163,9 +163,11 @@ def format_summary(summary: dict) -> str:
     if summary.get("mixture"):
         lines += source_table(summary["mixture"])
     reused = summary.get("reused")
-    if reused and (reused["input_units"] or reused["chunks"]):
+    damaged = (reused or {}).get("damaged") or {}
+    if reused and (reused["input_units"] or reused["chunks"] or any(damaged.values())):
         lines.append(f"  resumed: reused {reused['input_units']:,} of {reused['input_units_total']:,} input units, "
-                     f"{reused['chunks']:,} of {reused['chunks_total']:,} chunks")
+                     f"{reused['chunks']:,} of {reused['chunks_total']:,} chunks"
+                     + (f"; redone, {resume.describe_damage(damaged)}" if any(damaged.values()) else ""))
     if summary["output_bytes"] is not None:
         per_token = f", {summary['bytes_per_token']} bytes/token" if summary["bytes_per_token"] else ""
         lines.append(f"  output: {summary['output_bytes'] / 2**20:,.1f} MiB{per_token}")
@@ -391,6 +393,9 @@ def _main(argv, options, ft, stopping: _Stopping) -> int:
     plan.resume = resume.prepare(plan, ft, found, plan.target.storage_options)
     for notable, line in resume.describe(plan.resume):
         (logs.log().warning if notable else logs.log().info)(line)
+    damage = resume.damage_report(plan.resume)
+    if damage:
+        logs.log().warning(damage)
 
     started = time.time()
     stopping.phase = "running"

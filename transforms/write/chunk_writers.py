@@ -152,6 +152,8 @@ class WriteOwnedChunks(beam.DoFn):
             # output over waits for it before it forgets the records of the chunks it deletes.
             if self._area is not None and not failed_bundle and all(f.exception() is None for f in futures):
                 fragments = record.pop("fragments")
+                # What landed, for a rerun to check before it trusts these chunks.
+                record["objects"] = [[key, *summed.to_json()] for key, summed in (f.result() for f in futures)]
                 self._area.put_shard(record["split"], record["shard"], record, fragments)
         finally:
             ownership.confirm_written(t.url, t.run_id, what, t.storage_options, lease)
@@ -219,9 +221,9 @@ class WriteSharedChunks(beam.DoFn):
         if (split, name, index) not in self._written:
             t = self._target
             with ownership.fenced(t.url, t.run_id, f"{split}/{name} chunk {index}", t.storage_options):
-                self._arrays.get(split, name).write(a, np.concatenate([v for _, v in fragments]))
-                if self._area is not None:  # in the lease, as a shard's record
-                    self._area.put_chunk(split, name, index)
+                written = self._arrays.get(split, name).write(a, np.concatenate([v for _, v in fragments]))
+                if self._area is not None:  # in the lease, as a shard's record; with what landed
+                    self._area.put_chunk(split, name, index, written)
             counter(CHUNKS_WRITTEN).inc()
         yield split, name, 1
 
