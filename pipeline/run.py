@@ -63,11 +63,17 @@ def in_process_runner(options: PipelineOptions):
     from apache_beam.runners.portability.fn_api_runner import fn_runner
     from apache_beam.runners.portability.portable_runner import JobServiceHandle
 
-    from pipeline import worker
+    from pipeline import forked_workers, worker
 
     class FnApiRunner(fn_runner.FnApiRunner):
         def run_via_runner_api(self, pipeline_proto, options):
-            worker.run_our_workers(pipeline_proto)  # multi_processing workers: quiet unless --verbose
+            # multi_processing workers: this project's harness (quiet unless --verbose), told
+            # their share of the cores, and forked from this process where it can
+            environment = worker.environment_for(self._num_workers)
+            if forked_workers.available():
+                with forked_workers.serving(pipeline_proto, environment):
+                    return super().run_via_runner_api(pipeline_proto, options)
+            worker.run_our_workers(pipeline_proto, environment)
             return super().run_via_runner_api(pipeline_proto, options)
 
     encoded = JobServiceHandle.encode_pipeline_options(options.get_all_options())
