@@ -24,10 +24,10 @@ if __name__ == "__main__":
     prefetch.head_start(sys.argv[1:])  # before numpy and Beam are imported below
 
 import apache_beam as beam  # noqa: E402
-from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions, StandardOptions
+from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions, PortableOptions, StandardOptions
 from fsspec.core import url_to_fs
 
-from pipeline import VERSION, allocator, cloud, resume, scratch
+from pipeline import VERSION, allocator, cloud, parallelism, resume, scratch
 from pipeline.graph import build_pipeline
 from pipeline.environment import worker_environment, workers_see_launcher_disk
 from pipeline.plan import plan_job
@@ -83,6 +83,13 @@ def in_process_runner(options: PipelineOptions):
                            beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded)))
 
 
+def runs_in_process(options: PipelineOptions) -> bool:
+    """Whether the run is the default runner's, with workers it starts itself (in this
+    process, or as worker processes beside it): what --local_parallelism applies to."""
+    return (options.view_as(StandardOptions).runner in (None, "DirectRunner")
+            and not options.view_as(PortableOptions).environment_type)
+
+
 def local_temp_root(options: PipelineOptions) -> str | None:
     """Where a local run keeps its temporary files: --temp_location when it is a local path,
     else the system's temporary directory (None)."""
@@ -107,9 +114,11 @@ def output_bytes(url: str, storage_options: dict | None = None) -> int | None:
         return None
 
 
-def summarize(output: str, wall_seconds: float, storage_options: dict | None = None, reused=None) -> dict:
+def summarize(output: str, wall_seconds: float, storage_options: dict | None = None, reused=None,
+              used: parallelism.Parallelism | None = None) -> dict:
     """The end-of-run summary, from the committed dataset's own attributes; `reused`: the
-    run's Resume (pipeline/resume.py), for how much of an earlier attempt it reused."""
+    run's Resume (pipeline/resume.py), for how much of an earlier attempt it reused; `used`:
+    the parallelism the run had (pipeline/parallelism.py)."""
     attrs = zarr_store.read_root_attributes(output, storage_options)
     stats = attrs["stats"]
     tokens = sum(stats[s]["tokens"] for s in ("train", "validation"))
@@ -121,7 +130,8 @@ def summarize(output: str, wall_seconds: float, storage_options: dict | None = N
             "tokenizer": attrs.get("tokenizer"), "run_id": attrs.get("run_id"),
             "rejected_output": attrs.get("rejected_output") if stats["rejected"] else None,
             "mixture": attrs.get("mixture"),
-            "reused": reused.report(stats) if reused is not None else None}
+            "reused": reused.report(stats) if reused is not None else None,
+            "parallelism": used.report() if used is not None else None}
 
 
 def format_summary(summary: dict) -> str:
@@ -145,6 +155,8 @@ def format_summary(summary: dict) -> str:
     if summary["output_bytes"] is not None:
         per_token = f", {summary['bytes_per_token']} bytes/token" if summary["bytes_per_token"] else ""
         lines.append(f"  output: {summary['output_bytes'] / 2**20:,.1f} MB{per_token}")
+    if summary.get("parallelism"):
+        lines.append("  " + parallelism.describe(summary["parallelism"]))
     lines.append(f"  time: {summary['wall_seconds']:,.1f} s, {summary['tokens_per_second'] or 0:,.0f} tokens/s")
     return "\n".join(lines)
 
@@ -297,6 +309,8 @@ def _main(argv, options, ft, stopping: _Stopping) -> int:
         # before any data is read; an unfinished output that this command made is resumed
         found = zarr_store.refuse_occupied(ft.output, ft.overwrite, resumable=resume.same_command(ft))
         plan = plan_job(ft)
+        used = parallelism.choose(parallelism.parse(ft.local_parallelism), argv, options, runs_in_process(options),
+                                  plan.input_bytes, len(plan.read_ranges()) + len(plan.row_groups))
         plan.expected_owner = (*found.owner, found.committed)  # CreateOutput replaces only this, or stops
         plan.take_unfinished = not found.committed
         # Files a directory input holds but does not read count too: an output among them
@@ -336,14 +350,14 @@ def _main(argv, options, ft, stopping: _Stopping) -> int:
     if code is not None:
         return code
     stopping.phase = "committed"
-    return _report(ft, plan, time.time() - started)
+    return _report(ft, plan, time.time() - started, used)
 
 
-def _report(ft, plan, wall_seconds: float) -> int:
+def _report(ft, plan, wall_seconds: float, used: parallelism.Parallelism | None = None) -> int:
     """The summary of a committed dataset. Nothing here can fail the run any more: the
     dataset is committed, and a scheduler must not be told otherwise."""
     try:
-        summary = summarize(ft.output, wall_seconds, plan.target.storage_options, plan.resume)
+        summary = summarize(ft.output, wall_seconds, plan.target.storage_options, plan.resume, used)
     except Exception as e:  # e.g. another run --overwrite replaced it already
         logs.log().warning("flat-tokens: warning: %s is committed, but its summary could not be read (%s: %s)",
                            ft.output, type(e).__name__, e)
