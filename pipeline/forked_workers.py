@@ -60,6 +60,8 @@ class ForkServer:
     def __init__(self):
         requests_r, self._requests = os.pipe()
         self._replies, replies_w = os.pipe()
+        for stream in (sys.stdout, sys.stderr):  # or the workers would write it again when they flush theirs
+            stream.flush()
         self.pid = os.fork()
         if self.pid == 0:  # the server
             # What the launcher holds stays out of the collector's sight in the server and its

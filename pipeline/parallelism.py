@@ -84,8 +84,8 @@ def choose(requested: str | int, argv: list[str], options: PipelineOptions, in_p
     available = cores.available()
     if not in_process:
         if requested != AUTO:
-            raise OptionError(f"--local_parallelism {requested}: only the default, in-process runner takes it; "
-                              f"this runner decides its own parallelism (e.g. --num_workers on Dataflow)")
+            raise OptionError(f"--local_parallelism {requested}: only the in-process runner (no --runner given) "
+                              f"takes it; this runner decides its own parallelism (e.g. --num_workers on Dataflow)")
         return Parallelism("runner", 0, available, "the runner")
     direct = options.view_as(DirectOptions)
     if given_beam_options(argv):

@@ -131,7 +131,7 @@ def test_beam_options_win_and_auto_sets_beams_options_for_the_in_process_runner(
 def test_another_runner_decides_its_own_parallelism_and_refuses_an_explicit_one():
     p = parallelism.choose(parallelism.AUTO, [], options(), False, 10 * GiB, 100)
     assert (p.mode, p.chosen_by) == ("runner", "the runner")
-    with pytest.raises(OptionError, match="--local_parallelism 4: only the default, in-process runner"):
+    with pytest.raises(OptionError, match="--local_parallelism 4: only the in-process runner"):
         parallelism.choose(4, [], options(), False, 10 * GiB, 100)
 
 
