@@ -427,7 +427,7 @@ def summarize_runs(runs: list[dict], input_bytes: int) -> dict:
         out[key + "_min"] = min(values)
         out[key + "_max"] = max(values)
     out["tokens_per_second"] = round(out["tokens"] / out["wall_seconds"], 1)
-    out["input_mb_per_second"] = round(input_bytes / MB / out["wall_seconds"], 2)
+    out["input_mb_per_second"] = round(input_bytes / MB / out["wall_seconds"], 6)
     out["walls"] = [r["wall_seconds"] for r in runs]
     return out
 

@@ -5,20 +5,23 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.helpers import REPO, SAMPLE, run_pipeline, write_jsonl
 
 BENCH = REPO / "benchmarks" / "bench_pipeline.py"
 
 
+@pytest.mark.slow
 def test_bench_pipeline_smoke(tmp_path):
     texts = [json.loads(line)["text"] for line in open(SAMPLE / "corpus-1.jsonl", encoding="utf-8")][:200]
     corpus = write_jsonl(tmp_path / "tiny.jsonl", texts)
     results, work = tmp_path / "bench.json", tmp_path / "work"
     proc = subprocess.run(
         [sys.executable, str(BENCH), "--input", str(corpus), "--tokenizer", str(SAMPLE / "tokenizer.json"),
-         "--rounds", "2", "--hf", "--scales", "2x1,5", "--codecs", "blosc-lz4", "--modes", "multi_processing",
+         "--rounds", "2", "--hf", "--scales", "5", "--codecs", "blosc-lz4", "--modes", "multi_processing",
          "--workers", "2", "--json", str(results), "--workdir", str(work)],
-        cwd=REPO, capture_output=True, text=True, timeout=600)
+        cwd=REPO, capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
     out = proc.stdout
     n = os.cpu_count() if not hasattr(os, "sched_getaffinity") else len(os.sched_getaffinity(0))
@@ -36,8 +39,7 @@ def test_bench_pipeline_smoke(tmp_path):
                   "2 cores, 5x: pipeline CPU <= 1.9x the raw limit's (b)",
                   "16 cores, >= 2.5 GB: default wall <= 2x the raw limit's on all cores (e)",
                   "16 cores, >= 2.5 GB: default CPU <= 1.3x the raw limit's on all cores (e)",
-                  "1x: peak RSS <= 1,024 MB", "2x: peak RSS grows <= 0.1 GB per GB",
-                  "5x: peak RSS grows <= 0.1 GB per GB", "output bytes per token (default codec) <= 1.11"):
+                  "1x: peak RSS <= 1,024 MB", "5x: peak RSS grows <= 0.1 GB per GB", "output bytes per token (default codec) <= 1.11"):
         assert field in out, f"{field!r} missing from:\n{out}"
     if n > 1:
         assert f"(e) raw limit, {n} processes at once" in out
@@ -47,6 +49,8 @@ def test_bench_pipeline_smoke(tmp_path):
     # on a machine of fewer than 16 cores the 16-core targets cannot be measured, and say so
     many = [line for line in target_lines if line.lstrip().startswith("16 cores")]
     assert len(many) == 2 and (n >= 16 or all("not measured" in line for line in many)), many
+    two = [line for line in target_lines if line.lstrip().startswith("2 cores, 5x")]
+    assert len(two) == 5 and (n != 2 or all(line.rstrip().endswith(("PASS", "FAIL")) for line in two)), two
 
     r = json.loads(results.read_text())
     assert r["cpu_count"] == n and len(r["load_average_start"]) == 3 and len(r["load_average_end"]) == 3
@@ -76,7 +80,7 @@ def test_bench_pipeline_smoke(tmp_path):
     assert stages["Beam Pipeline.run, of which:"] > 0
     assert r["profile"]["self_time"] and r["profile"]["total_seconds"] > 0
     levels = r["levels"]
-    assert [(lv["k"], lv["rounds"]) for lv in levels] == [(1, 2), (2, 1), (5, 1)]
+    assert [(lv["k"], lv["rounds"]) for lv in levels] == [(1, 2), (5, 1)]
     for lv in levels:
         assert set(lv["medians"]) == (kinds if lv["k"] == 1 else kinds - {"c"})
         assert lv["medians"]["a"]["tokens"] == lv["medians"]["b"]["tokens"] == lv["k"] * tokens["a"]
