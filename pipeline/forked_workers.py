@@ -38,7 +38,7 @@ from apache_beam.portability.api import endpoints_pb2
 from apache_beam.runners.portability.fn_api_runner import worker_handlers
 from google.protobuf import json_format, text_format
 
-from pipeline import logs
+from pipeline import logs, worker
 
 URN = "flat-tokens:env:forked_python_worker:v1"
 SWITCH = "FLAT_TOKENS_FORK_WORKERS"  # "0": start workers as new interpreters, Beam's way
@@ -80,10 +80,13 @@ class ForkServer:
 
     def fork_worker(self, environment: dict) -> int:
         with self._lock:
-            os.write(self._requests, json.dumps(environment).encode() + b"\n")
-            reply = self._replies_file.readline()
+            try:
+                os.write(self._requests, json.dumps(environment).encode() + b"\n")
+                reply = self._replies_file.readline()
+            except OSError:
+                reply = b""
             if not reply:
-                raise RuntimeError("flat-tokens: the process that starts the workers ended")
+                raise RuntimeError("the process that forks the workers (the fork server) has ended")
             self.workers.append(int(reply))
             return self.workers[-1]
 
@@ -142,8 +145,6 @@ def _serve(requests_fd: int, replies_fd: int) -> None:
 
 def _run_worker(environment: dict) -> None:
     """A forked worker: Beam's SDK harness until the runner closes its connection."""
-    from pipeline import worker
-
     code = 0
     try:
         os.environ.update(environment)
@@ -192,12 +193,13 @@ class ForkedWorkerHandler(worker_handlers.GrpcWorkerHandler):
 
 
 def fork_instead_of_starting(pipeline_proto, environment: dict) -> bool:
-    """Makes the job's subprocess environments that run Beam's SDK harness (multi_processing)
-    forked ones, whose workers get `environment` as well; True if there was one."""
+    """Makes the job's subprocess environments that run Beam's SDK harness as Beam's
+    multi_processing mode starts it forked ones, whose workers get `environment` as well;
+    True if there was one. A command of the user's (--environment_type, --environment_config)
+    is left as it is: it may start its workers where the launcher's memory must not reach."""
     found = False
     for env in pipeline_proto.components.environments.values():
-        if env.urn == python_urns.SUBPROCESS_SDK and env.payload.decode().endswith(
-                ("-m apache_beam.runners.worker.sdk_worker_main", "-m pipeline.worker")):
+        if env.urn == python_urns.SUBPROCESS_SDK and env.payload.decode().endswith(worker.BEAM_WORKER):
             env.urn = URN
             env.payload = json.dumps(environment).encode()
             found = True
