@@ -193,9 +193,15 @@ def test_simulate_scale_smoke(tmp_path):
     the run's own parts matches what the run committed (the script asserts it), and the
     projection has every row of docs/design.md's "1 TB of text" table."""
     results = tmp_path / "scale.json"
+    # the worker processes' CPU per byte, from a bench_pipeline.py result's slope (the shape it writes)
+    level = lambda k, x, a: {"k": k, "input_bytes": k * 10**8, "medians": {  # noqa: E731
+        "x": {"cpu_seconds": x}, "a": {"cpu_seconds": a}}}
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps({"cpu_count": 2, "levels": [level(5, 9.0, 8.0), level(1, 3.0, 2.4)]}))
     proc = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "simulate_scale.py"), "--work", str(tmp_path / "work"),
-         "--documents", "3000", "--num_shards", "200", "--gcs_objects", "30", "--json", str(results)],
+         "--documents", "3000", "--num_shards", "200", "--gcs_objects", "30", "--gcs_io_mb", "4",
+         "--bench_json", str(bench), "--json", str(results)],
         cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
     r = json.loads(results.read_text())
@@ -203,6 +209,11 @@ def test_simulate_scale_smoke(tmp_path):
     assert m["simulated"]["documents"] == 3000 and m["layout_commit"]["shards"] > 200
     assert m["simulated"]["chunks"] == sum(v for k, v in m["run"]["objects"].items() if k != "all")
     assert m["gcs"]["gcsfs_find"]["result"] == 30 and m["shard"]["tokens"] > 15_000_000
+    assert m["gcs"]["io"]["bytes"] == 4 << 20 and m["gcs"]["io"]["cpu_ns_per_byte"] > 0
+    assert m["workers"]["key"] == "x" and m["workers"]["cpu_per_byte"] == 6.0 / 4e8
+    assert m["workers"]["over_one_process"] == round(6.0 / 5.6, 3)
+    cpu = dict((row[0], row[1:]) for row in r["projection"])["CPU"]
+    assert "15.0 ns/byte on worker processes" in cpu[1] and "gcsfs" in cpu[1], cpu
     rows = [row[0] for row in r["projection"]]
     for row in ("shuffle shards (auto)", "zarr chunks (objects)", "objects written", "layout side input",
                 "receipts side input (commit)", "commit step", "launcher: job graph", "CPU", "Dataflow workers"):
