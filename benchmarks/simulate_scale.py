@@ -49,8 +49,19 @@ RANGE_BYTES = 64 << 20  # --read_range_mb 64
 BATCH_DOCUMENTS = 8192
 DEFAULT_TOKENS_CHUNK, DEFAULT_SEQ_CHUNK = 1 << 18, 1 << 16
 VALIDATION = 0.01
-GPT2_CPU_PER_BYTE = 11.1 / 250e6  # the pipeline's CPU on the 250 MB benchmark (README, Performance)
-DATAFLOW_OVERHEAD = 2
+# The pipeline's CPU per byte of JSONL on SDK worker processes started as Dataflow starts
+# them (new interpreters), GPT-2, the 250 MB benchmark corpus: the slope between two input
+# sizes, so that each process's start-up cancels out. Provisional (docs/performance.md,
+# "Performance IV"): the in-process slope measured on a quiet machine (Performance III: 20.25 s
+# at 1.25 GB, 5.38 s at 250 MB), times the ratio of worker processes' slope to it measured on
+# 2 busy cores (1.0). `--bench_json` takes both from a bench_pipeline.py run instead.
+WORKER_CPU_PER_BYTE = (20.25 - 5.38) / 1.0e9
+WORKER_SOURCE = ("provisional: the in-process slope of a quiet run (Performance III) x 1.0, worker processes' "
+                 "slope over it on 2 busy cores (Performance IV)")
+# What a Dataflow worker moves through storage or the shuffle for each token, beyond reading its
+# input (bytes): the output (zstd-1, measured), the staged ids written and read back (LZ4,
+# design.md "Resume"), the shard parts' ids through the shuffle, written and read (the same).
+MOVED_PER_TOKEN = 1.11 + 2 * 1.2 + 2 * 1.2
 
 
 # ---------------------------------------------------------------------------------------------
@@ -376,6 +387,7 @@ def phase_gcs(args) -> dict:
                                       "--gcs_step", what)
                  for what in ("upload", "gcsfs_find", "tree_size", "remove_tree")}
         assert found["gcsfs_find"]["result"] == args.gcs_objects and found["tree_size"]["result"] == 20 * args.gcs_objects
+        found["io"] = in_own_process("gcs_io", args, "--gcs_url", url, "--gcs_io_mb", str(args.gcs_io_mb))
         return {"objects": args.gcs_objects, **{k: v for k, v in found.items() if k != "upload"}}
     finally:
         server.terminate()
@@ -406,7 +418,35 @@ def phase_gcs_step(args) -> dict:
     return {**m.report(), "result": result}
 
 
-PHASES = {"launcher": phase_launcher, "gcs": phase_gcs, "gcs_step": phase_gcs_step, "layout_commit": phase_layout_commit, "summary": phase_summary,
+def phase_gcs_io(args) -> dict:
+    """gcsfs's own CPU per byte moved, written and read back in 1 MiB objects (chunk-sized)
+    through the emulator: plain HTTP on loopback, so no TLS and no network; the client's
+    threads (gcsfs's event loop) included."""
+    os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"
+    from gcsfs.core import GCSFileSystem
+    fs = GCSFileSystem(endpoint_url=args.gcs_url, token="anon")
+    fs.mkdir("io")
+    blob = os.urandom(1 << 20)
+    names = [f"io/objects/{i}" for i in range(args.gcs_io_mb)]
+
+    def cpu():
+        r = resource.getrusage(resource.RUSAGE_SELF)
+        return r.ru_utime + r.ru_stime
+
+    started = cpu()
+    for k in range(0, len(names), 16):
+        fs.pipe({n: blob for n in names[k:k + 16]})
+    wrote = cpu()
+    for k in range(0, len(names), 16):
+        got = fs.cat(names[k:k + 16])
+        assert all(len(v) == len(blob) for v in got.values())
+    read = cpu()
+    moved = len(names) * len(blob)
+    return {"bytes": moved, "write_cpu_seconds": round(wrote - started, 3), "read_cpu_seconds": round(read - wrote, 3),
+            "cpu_ns_per_byte": round((read - started) / (2 * moved) * 1e9, 3)}
+
+
+PHASES = {"launcher": phase_launcher, "gcs_io": phase_gcs_io, "gcs": phase_gcs, "gcs_step": phase_gcs_step, "layout_commit": phase_layout_commit, "summary": phase_summary,
           "shard": phase_shard}
 
 
@@ -432,9 +472,13 @@ def project(m: dict) -> list[tuple[str, str, str]]:
     shard, thr = m["shard"], m["throughput"]
     cpu_per_byte = thr["cpu_seconds"] / thr["text_bytes"]
     # The sample's tokenizer (4,096 ids) on its own text repeated is cheaper than a GPT-2-size
-    # one on fresh text: the 250 MB benchmark (docs/performance.md) measured 44 ns per byte end
-    # to end, which sets the worker count, with Dataflow's shuffle and I/O assumed to double it.
-    core_hours = TB * max(cpu_per_byte, GPT2_CPU_PER_BYTE) * DATAFLOW_OVERHEAD / 3600
+    # one on fresh text: the worker processes' per-byte CPU on the benchmark corpus sets the
+    # worker count, plus what moving the bytes through storage and the shuffle costs the client.
+    worker = m.get("workers") or {"cpu_per_byte": WORKER_CPU_PER_BYTE, "source": WORKER_SOURCE}
+    io = (m.get("gcs") or {}).get("io")
+    moved_per_byte = 1 + MOVED_PER_TOKEN / BYTES_PER_TOKEN  # the input, once, and what moves per token
+    io_per_byte = io["cpu_ns_per_byte"] / 1e9 * moved_per_byte if io else 0.0
+    core_hours = TB * (worker["cpu_per_byte"] + io_per_byte) / 3600
     worker_gb = shard["baseline_mb"] / 1024 + shard["peak_above_baseline_mb"] / 1024
     return [
         ("tokens, documents", f"{tokens:.3g}, {docs:.3g}",
@@ -482,14 +526,37 @@ def project(m: dict) -> list[tuple[str, str, str]]:
         ("largest step per SDK process: sort + write one shard", f"{shard['peak_above_baseline_mb']:.0f} MB above "
          f"a {shard['baseline_mb']:.0f} MB process", f"measured at full size: {shard['tokens']:,} tokens, "
          f"{shard['parts']:,} parts, {shard['seconds']:.1f} s"),
-        ("CPU", f"{core_hours:.0f} core-hours", f"1 TB x {max(cpu_per_byte, GPT2_CPU_PER_BYTE) * 1e9:.0f} ns/byte x "
-         f"{DATAFLOW_OVERHEAD} (Dataflow's shuffle and I/O, assumed); measured here: {cpu_per_byte * 1e9:.0f} ns/byte "
-         f"(default options, the sample's tokenizer, {thr['text_bytes'] / 1e6:.0f} MB more text); GPT-2 on the 250 MB "
-         f"benchmark: {GPT2_CPU_PER_BYTE * 1e9:.0f} ns/byte"),
-        ("Dataflow workers", f"{math.ceil(core_hours / 4):,} n1-standard-4 for about an hour",
+        ("CPU", f"{core_hours:.1f} core-hours", f"1 TB x ({worker['cpu_per_byte'] * 1e9:.1f} ns/byte on worker "
+         f"processes, GPT-2: {worker['source']}"
+         + (f"; + {io_per_byte * 1e9:.2f} ns/byte moving {moved_per_byte:.2f} bytes per byte of text through storage "
+            f"and the shuffle at gcsfs's {io['cpu_ns_per_byte']:.2f} ns/byte on the emulator, no TLS" if io else
+            "; storage and shuffle I/O not measured (--gcs_objects 0)")
+         + f"); the sample's tokenizer here: {cpu_per_byte * 1e9:.0f} ns/byte in-process "
+           f"({thr['text_bytes'] / 1e6:.0f} MB more text)"),
+        ("Dataflow workers", f"{max(1, math.ceil(core_hours / 4)):,} n1-standard-4 for about an hour",
          f"core-hours / 4 vCPUs; each of a worker's 4 SDK processes needs ~{worker_gb:.1f} GB at its peak, "
          f"{4 * worker_gb:.1f} GB of the 15 GB"),
     ]
+
+
+def worker_cpu_per_byte(bench: dict, name: str) -> dict:
+    """The CPU per byte of worker processes from a bench_pipeline.py result: the slope of the
+    medians between its smallest and largest input (start-up cancels out), of the runs whose
+    workers start as Dataflow's do (x), else forked ones (p), else the default's (a)."""
+    levels = sorted(bench["levels"], key=lambda lv: lv["k"])
+    small, large = levels[0], levels[-1]
+    if small is large:
+        raise SystemExit(f"--bench_json {name}: one input size; the slope needs two (--scales)")
+    key = next(k for k in ("x", "p", "a") if k in large["medians"])
+
+    def slope(k):
+        return ((large["medians"][k]["cpu_seconds"] - small["medians"][k]["cpu_seconds"])
+                / (large["input_bytes"] - small["input_bytes"]))
+    what = {"x": "worker processes started as new interpreters", "p": "forked worker processes",
+            "a": "one process"}[key]
+    return {"cpu_per_byte": slope(key), "key": key, "over_one_process": round(slope(key) / slope("a"), 3),
+            "source": f"{what}, {bench['cpu_count']} cores, slope {small['k']}x -> {large['k']}x of {name} "
+                      f"({slope(key) / slope('a'):.2f}x one process's slope)"}
 
 
 def main(argv=None) -> int:
@@ -499,6 +566,12 @@ def main(argv=None) -> int:
     ap.add_argument("--num_shards", type=int, default=10_000)
     ap.add_argument("--gcs_objects", type=int, default=10_000,
                     help="objects to list on the GCS emulator (0: skip; uploading takes ~10 ms each)")
+    ap.add_argument("--gcs_io_mb", type=int, default=128, help="MiB written and read back through gcsfs for "
+                                                                 "its CPU per byte (1 MiB objects)")
+    ap.add_argument("--bench_json", type=Path,
+                    help="a benchmarks/bench_pipeline.py --json result with two or more input sizes: the worker "
+                         "processes' CPU per byte is taken from it (its multi_processing_exec runs, else "
+                         "multi_processing, else the default's)")
     ap.add_argument("--phase", choices=sorted(PHASES), help=argparse.SUPPRESS)
     ap.add_argument("--gcs_url", help=argparse.SUPPRESS)
     ap.add_argument("--gcs_step", help=argparse.SUPPRESS)
@@ -527,8 +600,12 @@ def main(argv=None) -> int:
     m["throughput"] = throughput(args.work)
     print("throughput:", m["throughput"], flush=True)
     if args.gcs_objects:
-        m["gcs"] = in_own_process("gcs", args, "--gcs_objects", str(args.gcs_objects))
+        m["gcs"] = in_own_process("gcs", args, "--gcs_objects", str(args.gcs_objects), "--gcs_io_mb",
+                                  str(args.gcs_io_mb))
         print("gcs:", m["gcs"], flush=True)
+    if args.bench_json:
+        m["workers"] = worker_cpu_per_byte(json.loads(args.bench_json.read_text()), str(args.bench_json))
+        print("workers:", m["workers"], flush=True)
     rows = project(m)
     print("\n| quantity at 1 TB of text | value | from |\n|---|---|---|")
     for row in rows:

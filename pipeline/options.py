@@ -249,6 +249,12 @@ OPTIONS: tuple[Option, ...] = (
     Option(name="batch_documents", group="limits and tuning", type=int, default=8192,
            help="documents per batch between stages",
            template=Template("Documents per batch", "positive_int")),
+    Option(name="local_parallelism", group="limits and tuning", default="auto",
+           help="worker processes of the in-process runner (no --runner given): auto (from the cores and the "
+                "input's size: one process below 4 cores or 1 GiB of input, else one per core), or a number (1: one "
+                "process, which uses threads); Beam's --direct_running_mode and --direct_num_workers win when given; "
+                "the output is the same whatever it is",
+           template="the in-process runner's only; on Dataflow the workers are --num_workers and --max_num_workers"),
     # reporting
     Option(name="summary_json", group="reporting",
            help="also write the end-of-run summary as JSON to this path (for schedulers)",
@@ -358,6 +364,9 @@ def check_options(o: FlatTokensOptions) -> None:
     if o.long_documents != "split" and not o.max_tokens:
         raise OptionError(f"--long_documents {o.long_documents} needs --max_tokens (the length above which a "
                           f"document is split or truncated)")
+    if o.local_parallelism != "auto" and not (o.local_parallelism.isdigit() and int(o.local_parallelism) >= 1):
+        raise OptionError(f"--local_parallelism {o.local_parallelism}: use auto, or a number of processes >= 1 "
+                          f"(1: one process)")
     if o.num_shards < 0 or o.chunks_per_shard < 0:
         raise OptionError("--num_shards and --chunks_per_shard must be >= 0")
     if o.chunks_per_shard and o.zarr_format != 3:

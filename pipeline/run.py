@@ -25,10 +25,10 @@ if __name__ == "__main__":
     prefetch.head_start(sys.argv[1:])  # before numpy and Beam are imported below
 
 import apache_beam as beam  # noqa: E402
-from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions, StandardOptions
+from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions, PortableOptions, StandardOptions
 from fsspec.core import url_to_fs
 
-from pipeline import VERSION, allocator, cloud, resume, scratch, worker_guard
+from pipeline import VERSION, allocator, cloud, parallelism, resume, scratch, worker_guard
 from pipeline.graph import build_pipeline
 from pipeline.environment import worker_environment, workers_see_launcher_disk
 from pipeline.plan import plan_job
@@ -65,12 +65,18 @@ def in_process_runner(options: PipelineOptions, report_dir: str | None = None):
     from apache_beam.runners.portability.fn_api_runner import fn_runner
     from apache_beam.runners.portability.portable_runner import JobServiceHandle
 
-    from pipeline import worker
+    from pipeline import forked_workers, worker
 
     class FnApiRunner(fn_runner.FnApiRunner):
         def run_via_runner_api(self, pipeline_proto, options):
-            worker.run_our_workers(pipeline_proto)  # multi_processing workers: quiet unless --verbose
             whole_elements_on_the_data_plane()
+            # multi_processing workers: this project's harness (quiet unless --verbose), told
+            # their share of the cores, and forked from this process where it can
+            environment = worker.environment_for(self._num_workers)
+            if forked_workers.available():
+                with forked_workers.serving(pipeline_proto, environment):
+                    return super().run_via_runner_api(pipeline_proto, options)
+            worker.run_our_workers(pipeline_proto, environment)
             return super().run_via_runner_api(pipeline_proto, options)
 
     encoded = JobServiceHandle.encode_pipeline_options(options.get_all_options())
@@ -99,6 +105,13 @@ def whole_elements_on_the_data_plane() -> None:
     worker_handlers.DATA_BUFFER_TIME_LIMIT_MS = 0  # read when the run starts its server and workers
 
 
+def runs_in_process(options: PipelineOptions) -> bool:
+    """Whether the run is the default runner's, with workers it starts itself (in this
+    process, or as worker processes beside it): what --local_parallelism applies to."""
+    return (options.view_as(StandardOptions).runner in (None, "DirectRunner")
+            and not options.view_as(PortableOptions).environment_type)
+
+
 def local_temp_root(options: PipelineOptions) -> str | None:
     """Where a local run keeps its temporary files: --temp_location when it is a local path,
     else the system's temporary directory (None)."""
@@ -123,9 +136,11 @@ def output_bytes(url: str, storage_options: dict | None = None) -> int | None:
         return None
 
 
-def summarize(output: str, wall_seconds: float, storage_options: dict | None = None, reused=None) -> dict:
+def summarize(output: str, wall_seconds: float, storage_options: dict | None = None, reused=None,
+              used: parallelism.Parallelism | None = None) -> dict:
     """The end-of-run summary, from the committed dataset's own attributes; `reused`: the
-    run's Resume (pipeline/resume.py), for how much of an earlier attempt it reused."""
+    run's Resume (pipeline/resume.py), for how much of an earlier attempt it reused; `used`:
+    the parallelism the run had (pipeline/parallelism.py)."""
     attrs = zarr_store.read_root_attributes(output, storage_options)
     stats = attrs["stats"]
     tokens = sum(stats[s]["tokens"] for s in ("train", "validation"))
@@ -137,7 +152,8 @@ def summarize(output: str, wall_seconds: float, storage_options: dict | None = N
             "tokenizer": attrs.get("tokenizer"), "run_id": attrs.get("run_id"),
             "rejected_output": attrs.get("rejected_output") if stats["rejected"] else None,
             "mixture": attrs.get("mixture"),
-            "reused": reused.report(stats) if reused is not None else None}
+            "reused": reused.report(stats) if reused is not None else None,
+            "parallelism": used.report() if used is not None else None}
 
 
 def format_summary(summary: dict) -> str:
@@ -171,6 +187,8 @@ def format_summary(summary: dict) -> str:
     if summary["output_bytes"] is not None:
         per_token = f", {summary['bytes_per_token']} bytes/token" if summary["bytes_per_token"] else ""
         lines.append(f"  output: {summary['output_bytes'] / 2**20:,.1f} MiB{per_token}")
+    if summary.get("parallelism"):
+        lines.append("  " + parallelism.describe(summary["parallelism"]))
     if not built:
         lines.append(f"  time: {summary['wall_seconds']:,.1f} s, {summary['tokens_per_second'] or 0:,.0f} tokens/s")
     return "\n".join(lines)
@@ -379,6 +397,8 @@ def _main(argv, options, ft, stopping: _Stopping) -> int:
                     f"from other input: {changed}. Pass --overwrite to build it again from the input as it is "
                     f"now, or choose another path")
             return _report_built(ft, built)
+        used = parallelism.choose(parallelism.parse(ft.local_parallelism), argv, options, runs_in_process(options),
+                                  plan.input_bytes, len(plan.read_ranges()) + len(plan.row_groups))
         plan.expected_owner = (*found.owner, found.committed)  # CreateOutput replaces only this, or stops
         plan.take_unfinished = not found.committed
         # Files a directory input holds but does not read count too: an output among them
@@ -420,7 +440,7 @@ def _main(argv, options, ft, stopping: _Stopping) -> int:
     if code is not None:
         return code
     stopping.phase = "committed"
-    return _report(ft, plan, time.time() - started)
+    return _report(ft, plan, time.time() - started, used)
 
 
 def _report_built(ft, attrs: dict) -> int:
@@ -429,15 +449,16 @@ def _report_built(ft, attrs: dict) -> int:
     reported (and written to --summary_json) as if it had just been built. Exit 0."""
     logs.log().info("flat-tokens: %s: already built by run %s (this command, the same input files and "
                     "tokenizer); nothing to do", ft.output, attrs.get("run_id"))
-    return _report(ft, None, 0.0, {"already_built": True, "built_by_run": attrs.get("run_id")})
+    return _report(ft, None, 0.0, extra={"already_built": True, "built_by_run": attrs.get("run_id")})
 
 
-def _report(ft, plan, wall_seconds: float, extra: dict | None = None) -> int:
+def _report(ft, plan, wall_seconds: float, used: parallelism.Parallelism | None = None,
+            extra: dict | None = None) -> int:
     """The summary of a committed dataset. Nothing here can fail the run any more: the
     dataset is committed, and a scheduler must not be told otherwise."""
     try:
         summary = summarize(ft.output, wall_seconds, plan.target.storage_options if plan else None,
-                            plan.resume if plan else None)
+                            plan.resume if plan else None, used)
         summary.update(extra or {})
     except Exception as e:  # e.g. another run --overwrite replaced it already
         logs.log().warning("flat-tokens: warning: %s is committed, but its summary could not be read (%s: %s)",

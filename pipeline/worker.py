@@ -22,21 +22,31 @@ from pipeline import logs  # noqa: I001 (before apache_beam: our handler, so Bea
 from pipeline import options  # noqa: F401 (the harness then knows this job's options)
 from apache_beam.runners.worker import sdk_worker_main
 
+from transforms import cores
+
 BEAM_WORKER = "-m apache_beam.runners.worker.sdk_worker_main"
 
 
-def command() -> str:
-    """The shell command that starts one of these workers (what Beam starts, with this module)."""
-    return f"{shlex.quote(sys.executable)} -m pipeline.worker"
+def command(environment: dict | None = None) -> str:
+    """The shell command that starts one of these workers (what Beam starts, with this
+    module), with `environment`'s variables set."""
+    assignments = "".join(f"{name}={shlex.quote(value)} " for name, value in (environment or {}).items())
+    return f"{assignments}{shlex.quote(sys.executable)} -m pipeline.worker"
 
 
-def run_our_workers(pipeline_proto) -> None:
+def run_our_workers(pipeline_proto, environment: dict | None = None) -> None:
     """Makes the job's subprocess workers (Beam's multi_processing environment) start this
     module instead of Beam's harness module; it runs that harness itself."""
     from apache_beam.portability import python_urns
-    for environment in pipeline_proto.components.environments.values():
-        if environment.urn == python_urns.SUBPROCESS_SDK and environment.payload.decode().endswith(BEAM_WORKER):
-            environment.payload = command().encode()
+    for env in pipeline_proto.components.environments.values():
+        if env.urn == python_urns.SUBPROCESS_SDK and env.payload.decode().endswith(BEAM_WORKER):
+            env.payload = command(environment).encode()
+
+
+def environment_for(workers: int) -> dict:
+    """What the launcher tells the `workers` processes it starts on its machine: their share
+    of the cores (transforms/cores.py)."""
+    return {cores.ENVIRONMENT: str(max(1, cores.available() // max(1, workers)))}
 
 
 def job_is_verbose(options_json: str | None) -> bool:
@@ -52,7 +62,19 @@ def _stopped(signum, frame) -> None:
     os._exit(128 + signum)
 
 
+def size_tokenizer_threads() -> None:
+    """The tokenizers' thread pools sized by this worker's share of the cores (set by the
+    launcher, transforms/cores.py), not by the whole machine's; a setting the user made is
+    left alone. Read by the tokenizers when they first encode, after this."""
+    if cores.ENVIRONMENT not in os.environ:
+        return
+    threads = str(cores.share())
+    os.environ.setdefault("FASTOKENS_BPE_THREADS", threads)  # fastokens
+    os.environ.setdefault("RAYON_NUM_THREADS", threads)  # HF tokenizers (the guard's reference)
+
+
 def main() -> None:
+    size_tokenizer_threads()
     # Ctrl-C reaches every process of the terminal's group: a worker leaves it to the
     # launcher, which stops its workers itself (SIGTERM) once it is ready to say why.
     signal.signal(signal.SIGINT, signal.SIG_IGN)

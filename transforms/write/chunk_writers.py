@@ -12,12 +12,12 @@ chunks are read-modify-written, so sharing one would silently lose data.
 Every write puts the same bytes at the same place whenever it runs, so Beam may retry
 any bundle. Each write reports how many chunks it wrote; the commit checks the total.
 """
-import os
 from concurrent.futures import ThreadPoolExecutor, wait
 
 import apache_beam as beam
 import numpy as np
 
+from transforms import cores
 from transforms.progress import counter, show_written
 from transforms.records import SortedShard
 from transforms.shuffle.spill import fragment_values, spill_fragment
@@ -35,10 +35,12 @@ CHUNKS_WRITTEN = "chunks_written"
 class _ArrayCache:
     """Opens each output array's writer once per worker; arrays are opened lazily because
     side inputs (which prove the arrays exist) are not available in DoFn.setup(). Writers
-    share one thread pool, which encodes and stores chunks in parallel. close() (teardown)
-    waits for the writes in flight and stops the pool for good: a writer opened before it
-    refuses further writes, as a bundle torn down under its feet must; get() after close()
-    opens new writers on a new pool."""
+    share one thread pool, which encodes and stores chunks in parallel: four threads (an
+    object store's latency is hidden behind them), or one per core of this process's share
+    of the machine (transforms/cores.py) where that is more. close() (teardown) waits for
+    the writes in flight and stops the pool for good: a writer opened before it refuses
+    further writes, as a bundle torn down under its feet must; get() after close() opens new
+    writers on a new pool."""
 
     def __init__(self, target: StoreTarget):
         self._target = target
@@ -48,7 +50,7 @@ class _ArrayCache:
     def get(self, split: str, name: str):
         if (split, name) not in self._writers:
             if self._pool is None:
-                self._pool = ThreadPoolExecutor(max(4, os.cpu_count() or 1), thread_name_prefix="flat-tokens-write")
+                self._pool = ThreadPoolExecutor(max(4, cores.share()), thread_name_prefix="flat-tokens-write")
             self._writers[split, name] = store.array_writer(self._target, split, name, self._pool)
         return self._writers[split, name]
 
