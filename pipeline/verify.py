@@ -42,7 +42,7 @@ import zarr
 from pipeline import VERSION
 from transforms.gcs import close_gcs_sessions_at_exit
 from transforms.write.chunk_objects import chunk_objects, missing_objects
-from transforms.write.ownership import OWN_PREFIX, conflicts
+from transforms.write.ownership import OWN_PREFIX, conflicts, refusals
 
 # After `import zarr`, so gcsfs sessions on zarr's event loop close before zarr stops it.
 close_gcs_sessions_at_exit()
@@ -88,15 +88,14 @@ def check_dataset(url: str, *, block: int = DEFAULT_BLOCK, storage_options: dict
     if block < 1:
         raise ValueError(f"block must be >= 1, is {block}")
     root = open_root(url, storage_options)
-    conflicted = check_conflicts(url, storage_options)
     if root is None:
-        return [UNFINISHED] + conflicted, {}
+        return [UNFINISHED] + check_conflicts(url, storage_options), {}
     attrs = dict(root.attrs)
     unfinished = check_commit(attrs)
     if unfinished:
         # Data of an unfinished run may be half written: checking it would only add noise.
-        return [unfinished] + conflicted, {}
-    problems = conflicted + check_format(attrs)
+        return [unfinished] + check_conflicts(url, storage_options), {}
+    problems = check_owned(url, attrs, storage_options) + check_format(attrs)
     fs, base = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
     summaries: dict[str, SplitSummary] = {}
     for name in SPLITS:
@@ -149,6 +148,13 @@ def check_conflicts(url: str, storage_options: dict | None = None) -> list[str]:
     transforms/write/ownership.py): its data cannot be trusted, whatever the arrays say."""
     return [f"conflict record {name}: another run may have written into this output while it was being "
             f"written; rerun with --overwrite" for name in conflicts(url, storage_options)]
+
+
+def check_owned(url: str, attrs: dict, storage_options: dict | None = None) -> list[str]:
+    """Why a committed dataset cannot be trusted as its run's: conflict records, or a newer
+    claim than the committing run's (ownership.refusals). The reader and export refuse it."""
+    run_id = attrs.get("run_id")
+    return refusals(url, run_id if isinstance(run_id, str) else "", storage_options)
 
 
 def check_commit(attrs: dict) -> str | None:

@@ -45,6 +45,7 @@ import numcodecs
 import numpy as np
 from fsspec.core import url_to_fs
 
+from transforms import create_only
 from transforms.records import TokenizedBatch, mapped_ids
 
 FOLDER = ".flat-tokens-staging"
@@ -144,9 +145,14 @@ class StagingArea:
 
     # -- writing ---------------------------------------------------------------------------
 
-    def put(self, relative: str, data) -> str:
-        """Writes `data` (bytes or a buffer) whole at `relative`; returns the object's path."""
+    def put(self, relative: str, data, lease=None) -> str:
+        """Writes `data` (bytes or a buffer) whole at `relative`; returns the object's path.
+        In a write's `lease` (transforms/write/ownership.py: shard records, chunk marks, the
+        arrays' mark), create-only, as the chunks they describe (transforms/create_only.py)."""
         path = self.path(relative)
+        if lease is not None:
+            create_only.put_new(self.fs, path, data, lease.ledger)
+            return path
         if not self.local:
             self.fs.pipe_file(path, bytes(data))
             return path
@@ -200,24 +206,24 @@ class StagingArea:
         name = f"unit.{len(account['places'])}.json"
         self.put(f"{UNITS}/{unit}/{name}", json.dumps({"format": FORMAT, "unit": unit, **account}).encode())
 
-    def put_shard(self, split: str, shard: int, record: dict, fragments: list) -> None:
+    def put_shard(self, split: str, shard: int, record: dict, fragments: list, lease=None) -> None:
         """Stages a written shard: `record` (its size and receipts), and its fragments
         [((split, array, index), (start, values))]."""
         header = {**record, "fragments": [[key[1], key[2], int(start)] for key, (start, _) in fragments]}
         arrays = {f"f{i}": np.asarray(values) for i, (_, (_, values)) in enumerate(fragments)}
         chunks = sum(n for _, n in record["receipts"])
         name = f"{SHARDS}/{self.job_key}/{split}.{shard:08d}.{chunks}.rec"
-        self.put(name, _RECORD_CODEC.encode(_npz(header, arrays)))
+        self.put(name, _RECORD_CODEC.encode(_npz(header, arrays)), lease)
 
-    def put_chunk(self, split: str, array: str, index: int) -> None:
-        self.put(f"{CHUNKS}/{self.job_key}/{split}.{array}.{index}", b"")
+    def put_chunk(self, split: str, array: str, index: int, lease=None) -> None:
+        self.put(f"{CHUNKS}/{self.job_key}/{split}.{array}.{index}", b"", lease)
 
-    def put_json(self, name: str, value: dict) -> None:
-        self.put(name, json.dumps(value, sort_keys=True).encode())
+    def put_json(self, name: str, value: dict, lease=None) -> None:
+        self.put(name, json.dumps(value, sort_keys=True).encode(), lease)
 
-    def mark_arrays(self) -> None:
+    def mark_arrays(self, lease=None) -> None:
         """The arrays were just created for this job: its records count from here."""
-        self.put_json(ARRAYS, {"job_key": self.job_key})
+        self.put_json(ARRAYS, {"job_key": self.job_key}, lease)
 
     def arrays_key(self) -> str | None:
         """The job key whose chunks the arrays hold, or None."""
@@ -286,7 +292,8 @@ class StagingArea:
             out = []
             for root, _, files in os.walk(self.url):
                 rel = os.path.relpath(root, self.url)
-                out += [name if rel == "." else f"{rel}/{name}" for name in files if not name.endswith(TEMPORARY)]
+                out += [name if rel == "." else f"{rel}/{name}" for name in files
+                        if not name.endswith((TEMPORARY, create_only.PARTIAL))]
             return out
         fs = self.fs
         fs.invalidate_cache(self.url)
@@ -295,7 +302,7 @@ class StagingArea:
         except FileNotFoundError:
             return []
         root = url_to_fs(self.url, **self.storage_options)[1].rstrip("/") + "/"
-        return [p[len(root):] for p in found if p.startswith(root) and not p.endswith(TEMPORARY)]
+        return [p[len(root):] for p in found if p.startswith(root) and not p.endswith((TEMPORARY, create_only.PARTIAL))]
 
     # -- removing --------------------------------------------------------------------------
 
@@ -305,6 +312,10 @@ class StagingArea:
         self._remove(ARRAYS)
         for folder in (SHARDS, CHUNKS):
             self._remove(folder)
+
+    def forget_unit(self, unit: str) -> None:
+        """A staged unit whose input changed since it was read (pipeline/resume.py): read again."""
+        self._remove(f"{UNITS}/{unit}")
 
     def remove(self) -> None:
         """The whole area (the commit, --restart)."""
