@@ -8,11 +8,13 @@ whichever command finds it, so what a changed option or input does not affect is
 too. A committed dataset is never resumed (its staging area went with the commit).
 """
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from pipeline import __version__
 from pipeline.options import OPTIONS, FlatTokensOptions
 from transforms import staging
+from transforms.read.inputs import InputChanged, digest_of
 from transforms.read.staged_reads import unit_start
 from transforms.staging import StagingArea, Staged
 from transforms.write.ownership import CONFLICT_PREFIX
@@ -78,6 +80,7 @@ class Resume:
     chunks: frozenset = frozenset()  # shared chunks recorded as written: (split, array, index)
     keep_arrays: bool = False
     reused_chunks: int = 0
+    changed_units: int = 0  # staged units whose input bytes changed since: read again
 
     def unread(self, units: list) -> list:
         """The units (ReadRanges or RowGroups) that must be read: those not replayed."""
@@ -92,12 +95,12 @@ class Resume:
                 length = array_length(name, stats[split]["tokens"], stats[split]["sequences"])
                 total += -(-length // self.target.write_block(name))
         return {"input_units": len(self.units), "input_units_total": self.unit_total,
-                "chunks": self.reused_chunks, "chunks_total": total}
+                "input_units_changed": self.changed_units, "chunks": self.reused_chunks, "chunks_total": total}
 
 
-def unit_keys(plan, storage_options: dict | None = None) -> tuple[dict, dict]:
+def unit_keys(plan, storage_options: dict | None = None, by_key: dict | None = None) -> tuple[dict, dict]:
     """(file key -> (sorted unit starts, unit keys)), and (unit key -> text bytes), for every
-    unit of the job."""
+    unit of the job; `by_key`, when given, gets unit key -> unit (ReadRange or RowGroup)."""
     # The tokenizer as the dataset's provenance records it (content, vocabulary, backend and its
     # version, checked fraction, special tokens), but not where it was read from.
     tokenizer = {k: v for k, v in plan.tokenizer.provenance().items() if k != "spec"}
@@ -116,6 +119,8 @@ def unit_keys(plan, storage_options: dict | None = None) -> tuple[dict, dict]:
             "unit": _unit_where(unit)})
         by_file.setdefault(f.key, []).append((unit_start(unit), key))
         sizes[key] = _unit_text_bytes(unit)
+        if by_key is not None:
+            by_key[key] = unit
     return {k: ([s for s, _ in sorted(v)], [u for _, u in sorted(v)]) for k, v in by_file.items()}, sizes
 
 
@@ -140,7 +145,8 @@ def prepare(plan, o: FlatTokensOptions, found, storage_options: dict | None = No
         if found.kind == "dataset":
             StagingArea(o.output, storage_options).remove()
         return None
-    units, sizes = unit_keys(plan, storage_options)
+    by_key = {}
+    units, sizes = unit_keys(plan, storage_options, by_key)
     area = StagingArea(o.output, storage_options, job_key(plan, units), units)
     staged = Staged()
     if found.kind == "dataset":
@@ -149,10 +155,16 @@ def prepare(plan, o: FlatTokensOptions, found, storage_options: dict | None = No
         else:
             staged = area.listing()
     resume = Resume(area, plan.target, unit_total=len(sizes))
-    resume.units = sorted((key, name, sizes[key]) for key, name in staged.units.items() if key in sizes)
+    candidates = sorted((key, name, sizes[key]) for key, name in staged.units.items() if key in sizes)
+    resume.units, changed = unchanged_units(area, candidates, by_key, storage_options)
+    for key in changed:  # read and staged again by this run
+        area.forget_unit(key)
+    resume.changed_units = len(changed)
     conflicts = any(n.startswith(CONFLICT_PREFIX) for n in found.names)
+    # Every shard gathers documents from every unit: its record is good only when every unit
+    # of the job is staged and its input bytes are the ones staged.
     if (found.kind == "dataset" and not found.committed and not conflicts
-            and staged.arrays_key == area.job_key):
+            and staged.arrays_key == area.job_key and not changed and len(resume.units) == len(sizes)):
         resume.keep_arrays = True
         records = staged.shards.get(area.job_key, {})
         resume.shards = sorted(name for _, name in records.values())
@@ -163,9 +175,35 @@ def prepare(plan, o: FlatTokensOptions, found, storage_options: dict | None = No
     return resume
 
 
+def unchanged_units(area: StagingArea, staged: list, by_key: dict, storage_options: dict | None = None,
+                    threads: int = 8) -> tuple[list, list]:
+    """(the staged units whose input bytes are still those they were read from, the keys of
+    the others). A unit's key names its file by size and modification time (or generation):
+    a file edited in place with both restored keeps its key, so the bytes each unit was read
+    from (their spans and sha256, staged with it: inputs.StoredBytes) are read again here.
+    Reading is cheap next to tokenizing (benchmarks/bench_unit_check.py measures it)."""
+    def unchanged(item) -> bool:
+        key, name, _ = item
+        try:
+            stored = area.read_unit(key, name).get("stored")
+            if not stored:
+                return False  # staged without its stored bytes: cannot be checked
+            return digest_of(by_key[key].file, stored["spans"], storage_options) == stored["sha256"]
+        except (InputChanged, OSError, RuntimeError, ValueError, KeyError):
+            return False
+    if not staged:
+        return [], []
+    with ThreadPoolExecutor(min(threads, len(staged))) as pool:  # reads: I/O, and hashing frees the GIL
+        verdicts = list(pool.map(unchanged, staged))
+    return ([item for item, ok in zip(staged, verdicts) if ok],
+            [item[0] for item, ok in zip(staged, verdicts) if not ok])
+
+
 def describe(resume: Resume | None) -> str | None:
     """The launcher's line when it found staged work to reuse."""
-    if resume is None or not resume.units and not resume.shards and not resume.keep_arrays:
+    if resume is None or not resume.units and not resume.shards and not resume.keep_arrays and not resume.changed_units:
         return None
+    changed = (f"; {resume.changed_units:,} staged input units were read again: their input bytes changed since "
+               f"they were staged" if resume.changed_units else "")
     return (f"flat-tokens: resuming: {len(resume.units):,} of {resume.unit_total:,} input units staged, "
-            f"{len(resume.shards):,} shards and {resume.reused_chunks:,} chunks written")
+            f"{len(resume.shards):,} shards and {resume.reused_chunks:,} chunks written{changed}")
