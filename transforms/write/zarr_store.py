@@ -345,6 +345,7 @@ class ZarrWriter:
         self.metadata = metadata_path(target, split, name)
         self.identity = create_only.identity(self._fs, self.metadata)
         self._prefix = posixpath.join(root, name)
+        self._format = target.zarr_format
         self._document = self._fs.cat_file(self.metadata)
 
     def write(self, start: int, values, lease: ownership.Lease | None = None) -> None:
@@ -353,11 +354,13 @@ class ZarrWriter:
             ledger.wrote_into(self.metadata, self.identity)
         made = {}
         memory = zarr.storage.MemoryStore(store_dict=made)
-        made["zarr.json"] = default_buffer_prototype().buffer.from_bytes(self._document)
-        array = zarr.open_array(store=memory, mode="r+", zarr_format=3).with_config({"write_empty_chunks": True})
+        document = posixpath.basename(self.metadata)
+        made[document] = default_buffer_prototype().buffer.from_bytes(self._document)
+        array = zarr.open_array(store=memory, mode="r+", zarr_format=self._format)
+        array = array.with_config({"write_empty_chunks": True})
         array[start:start + values.size] = np.asarray(values)
         for key, value in sorted(made.items()):
-            if key != "zarr.json":
+            if posixpath.basename(key) not in ownership.ARRAY_METADATA:
                 create_only.put_new(self._fs, posixpath.join(self._prefix, key), value.to_bytes(), ledger)
 
     def submit(self, start: int, values, lease: ownership.Lease | None = None) -> list[Future]:
