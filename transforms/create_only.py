@@ -34,6 +34,7 @@ import errno
 import json
 import os
 import posixpath
+import re
 import threading
 import uuid
 
@@ -43,6 +44,7 @@ import fsspec.asyn
 # local store uses, which the ownership rules recognise as this tool's
 # (transforms/write/ownership.py, zarr_partial_of).
 PARTIAL = ".partial"
+_PARTIAL_NAME = re.compile(r"^.+\.[0-9a-f]{32}\.partial$")
 DELETES_AT_ONCE = 100  # concurrent conditional deletes on GCS (its batch API takes 100 too)
 
 
@@ -155,6 +157,25 @@ def put_new(fs, path: str, data, ledger: Ledger | None = None) -> str:
                 ledger.found_object(path, ident, data)
             return "found"
     raise ObjectConflict(path)
+
+
+def remove_partials(fs, directory: str) -> int:
+    """Deletes the temporary files of local writes under `directory` that never landed (their
+    process was killed between writing and linking): the commit calls it once every write
+    of its run has landed. The names are unique to each write, so no other write can have
+    made them since. Object stores have none (an upload is whole). Returns the count."""
+    if not is_local(fs):
+        return 0
+    removed = 0
+    for root, _, files in os.walk(directory):
+        for name in files:
+            if _PARTIAL_NAME.match(name):
+                try:
+                    os.unlink(os.path.join(root, name))
+                    removed += 1
+                except FileNotFoundError:
+                    pass
+    return removed
 
 
 def _temporary(path: str) -> str:

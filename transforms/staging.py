@@ -20,7 +20,11 @@ version). The *job key* hashes every unit key with every option that changes the
 shard gathers documents from every input, so its record is only good for the same job.
 
 Trust. Every object is written whole: under a temporary name renamed into place locally; an
-object store's upload is atomic. A unit is trusted when its account and all n of its batches
+object store's upload is atomic. Shard records, chunk marks and the arrays' mark are written
+in the lease of the write they describe, create-only, like the chunks themselves
+(transforms/create_only.py): a run that lost the output takes them back with its chunks.
+Staged units are not fenced: their keys name their content (and their stored bytes are
+checked before reuse), so a late one is never wrong, at worst left over until the next run. A unit is trusted when its account and all n of its batches
 (both files) are there, whichever runner fused what. A batch's `.batch` is written only once
 the tokenizer guard has compared its sample, so a batch that failed the guard is never
 reused. Shard records and chunk markers are written once their chunks landed and the claim

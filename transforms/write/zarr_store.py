@@ -387,6 +387,9 @@ def commit(target: StoreTarget, root_attributes: dict, split_attributes: dict[st
     _refuse_conflicts(target)
     lease = ownership.begin_write(target.url, target.run_id, "the commit", so)
     try:
+        fs, root = filesystem(target.url, so)
+        for split in SPLITS:  # a killed writer's temporary files (local disks only): every write has landed
+            create_only.remove_partials(fs, f"{root.rstrip('/')}/{split}")
         put_objects(target, commit_objects(target, root_attributes, split_attributes), lease)
     except create_only.ObjectConflict:
         pass  # recorded in the lease: confirm_written says what it means
