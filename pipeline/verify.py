@@ -125,6 +125,7 @@ def open_root(url: str, storage_options: dict | None = None) -> zarr.Group | Non
     options = dict(storage_options or {})
     try:
         fs, path = fsspec.core.url_to_fs(url, **options)
+        fs.invalidate_cache(path)  # gcsfs keeps listings: a dataset deleted since is not there
         exists = fs.exists(path)
     except Exception as e:  # bad protocol, credentials, network: the user must fix the URL
         raise CannotOpen(f"cannot open {url}: {type(e).__name__}: {e}") from None

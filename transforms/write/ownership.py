@@ -432,6 +432,7 @@ def refusals(url: str, committed_by: str, storage_options: dict | None = None) -
     when it may be read. One listing of the output's top level."""
     fs, path = split_url(url, storage_options)
     names = _names(fs, path)
+    fs.invalidate_cache(path)  # a reader keeps its filesystem: no listing of ours may answer its later looks
     found = [f"conflict record {n}: another run may have written into this output while it was being written; "
              f"rerun with --overwrite" for n, _ in names if n.startswith(CONFLICT_PREFIX)]
     generations = _claims(names)
