@@ -69,6 +69,7 @@ def in_process_runner(options: PipelineOptions):
     class FnApiRunner(fn_runner.FnApiRunner):
         def run_via_runner_api(self, pipeline_proto, options):
             worker.run_our_workers(pipeline_proto)  # multi_processing workers: quiet unless --verbose
+            whole_elements_on_the_data_plane()
             return super().run_via_runner_api(pipeline_proto, options)
 
     encoded = JobServiceHandle.encode_pipeline_options(options.get_all_options())
@@ -76,6 +77,25 @@ def in_process_runner(options: PipelineOptions):
     return FnApiRunner(default_environment=worker_environment(options),
                        provision_info=fn_runner.ExtendedProvisionInfo(
                            beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded)))
+
+
+def whole_elements_on_the_data_plane() -> None:
+    """Makes the default runner's gRPC data plane send elements only whole: no flushing on a
+    timer, in the runner or in its multi_threading workers.
+
+    Beam's FnApiRunner (2.77) sets a 1-second time limit on the data buffers of its gRPC
+    server and of the SDK harnesses it runs on threads (--direct_running_mode
+    multi_threading). A timer thread then sends whatever the buffer holds, even while a
+    bundle's thread is halfway through encoding an element (the harness's size-based flush
+    waits for an element boundary; the timer does not), and it clears the buffer after
+    sending, dropping what was written meanwhile. The receiver decodes each message on its
+    own: a split element fails the job ("'utf-8' codec can't decode byte ...", "Invalid
+    PaneInfoEncoding"), or could decode as something else. Only bundles that run longer
+    than a second are exposed, so small inputs passed. Beam's own subprocess workers
+    (multi_processing) and the SDK harness of Dataflow and Flink have the timer off by
+    default; this turns it off here too (0: size-based flushing, at element boundaries)."""
+    from apache_beam.runners.portability.fn_api_runner import worker_handlers
+    worker_handlers.DATA_BUFFER_TIME_LIMIT_MS = 0  # read when the run starts its server and workers
 
 
 def local_temp_root(options: PipelineOptions) -> str | None:

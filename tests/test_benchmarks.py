@@ -1,8 +1,10 @@
-"""Smoke tests of benchmarks/bench_pipeline.py, bench_reader.py, bench_resume.py, bench_unit_check.py, bench_codecs.py and simulate_scale.py on tiny inputs: they run end to end and
+"""Smoke tests of benchmarks/bench_pipeline.py, bench_reader.py, bench_resume.py, bench_unit_check.py, bench_codecs.py, bench_runners.py and simulate_scale.py on tiny inputs: they run end to end and
 report every field (no timing assertions: the numbers depend on the machine)."""
 import json
 import subprocess
 import sys
+
+import pytest
 
 from tests.helpers import REPO, SAMPLE, run_pipeline, write_jsonl
 
@@ -209,3 +211,33 @@ def test_bench_page_cost_smoke(tmp_path):
     bad = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_page_cost.py"), "--mb", "6"],
                          cwd=REPO, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--mb must be a positive multiple of 4" in bad.stderr
+
+
+@pytest.mark.slow
+def test_bench_runners_smoke(tmp_path):
+    """benchmarks/bench_runners.py on a tiny corpus dealt into files: every mode runs, every
+    output is compared with the in-process one, and the raw limit counts the same tokens."""
+    texts = [json.loads(line)["text"] for line in open(SAMPLE / "corpus-1.jsonl", encoding="utf-8")][:200]
+    corpus = write_jsonl(tmp_path / "tiny.jsonl", texts)
+    results = tmp_path / "runners.json"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "bench_runners.py"), "--input", str(corpus), "--tokenizer",
+         str(SAMPLE / "tokenizer.json"), "--copies", "2", "--parts", "3", "--modes", "threads:2,processes:2",
+         "--json", str(results), "--workdir", str(tmp_path)],
+        cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
+    for field in ("in_process", "threads:2", "processes:2", "raw limit", "wall s", "CPU s", "peak RSS MB",
+                  "identical", "load average"):
+        assert field in proc.stdout, f"{field!r} missing from:\n{proc.stdout}"
+    r = json.loads(results.read_text())
+    assert (r["files"], r["copies"]) == (3, 2)
+    assert set(r["medians"]) == {"in_process", "threads:2", "processes:2"}
+    assert all(run["identical"] for runs in r["runs"].values() for run in runs)
+    tokens = {m["tokens"] for m in r["medians"].values()} | {r["raw_limit"]["tokens"]}
+    assert len(tokens) == 1 and tokens.pop() > 0
+    for m in r["medians"].values():
+        assert m["wall_seconds"] > 0 and m["cpu_seconds"] > 0 and m["peak_tree_rss_mb"] > 0
+    # The workers are processes of their own: the tree holds more than its largest process.
+    workers = r["runs"]["processes:2"][0]
+    assert workers["peak_tree_rss_mb"] > workers["peak_process_rss_mb"]
+    assert [p for p in tmp_path.iterdir() if p.name.startswith("bench-runners-")] == []  # removed

@@ -508,6 +508,7 @@ VARIANTS = {
     "parquet": (parquet_corpus, []),
     "mixture": (mixture_corpus, ["--mixture", "{root}/mix.yaml"]),
     "two worker processes": (corpus, ["--direct_num_workers", "2", "--direct_running_mode", "multi_processing"]),
+    "four worker threads": (corpus, ["--direct_num_workers", "4", "--direct_running_mode", "multi_threading"]),
 }
 
 

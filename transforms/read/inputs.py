@@ -20,12 +20,17 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import fsspec
-import zstandard
 from fsspec.core import url_to_fs
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.utils import glob_translate
 
 from transforms.gcs import close_gcs_sessions, close_gcs_sessions_at_exit, use_gcs_emulator_plainly  # noqa: F401
+
+try:
+    import zstandard
+    ZSTD_ERRORS = (zstandard.ZstdError,)
+except ImportError:  # the reader-only install (reader/setup.py) reads no input, only datasets
+    zstandard, ZSTD_ERRORS = None, ()
 
 GLOB_CHARS = "*?["
 COMPRESSED_SUFFIXES = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd", ".bz2": "bz2", ".xz": "xz"}
@@ -582,7 +587,7 @@ class CorruptCompressedData(ValueError):
 
 # A new decompressor of each format, and the errors it raises on data it cannot decompress.
 DECOMPRESSORS = {
-    "zstd": (lambda: zstandard.ZstdDecompressor().decompressobj(), (zstandard.ZstdError,)),
+    "zstd": (lambda: zstandard.ZstdDecompressor().decompressobj(), ZSTD_ERRORS),
     "bz2": (bz2.BZ2Decompressor, (OSError, ValueError)),
     "xz": (lzma.LZMADecompressor, (lzma.LZMAError,)),
 }
@@ -635,7 +640,7 @@ class CheckedStreamReader:
 
 
 # Errors of a compressed input that is truncated or corrupt.
-COMPRESSED_DATA_ERRORS = (EOFError, zlib.error, gzip.BadGzipFile, zstandard.ZstdError, CorruptCompressedData)
+COMPRESSED_DATA_ERRORS = (EOFError, zlib.error, gzip.BadGzipFile, *ZSTD_ERRORS, CorruptCompressedData)
 
 
 def corrupt_input_message(f: InputFile, reached: int, lines: int, error: Exception) -> str:

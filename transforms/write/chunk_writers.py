@@ -35,7 +35,10 @@ CHUNKS_WRITTEN = "chunks_written"
 class _ArrayCache:
     """Opens each output array's writer once per worker; arrays are opened lazily because
     side inputs (which prove the arrays exist) are not available in DoFn.setup(). Writers
-    share one thread pool, which encodes and stores chunks in parallel."""
+    share one thread pool, which encodes and stores chunks in parallel. close() (teardown)
+    waits for the writes in flight and stops the pool for good: a writer opened before it
+    refuses further writes, as a bundle torn down under its feet must; get() after close()
+    opens new writers on a new pool."""
 
     def __init__(self, target: StoreTarget):
         self._target = target
@@ -97,9 +100,12 @@ class WriteOwnedChunks(beam.DoFn):
         self._arrays = _ArrayCache(self._target)
 
     def teardown(self):
-        self._settle_pending(failed_bundle=True)
+        # The pool first: it stops taking writes and waits for those in flight, so the claim
+        # is confirmed (and the lease given back) only after the last chunk has landed, even
+        # when a bundle of this instance is still running on another thread.
         if self._arrays:
             self._arrays.close()
+        self._settle_pending(failed_bundle=True)
 
     def start_bundle(self):
         self._settle_pending(failed_bundle=True)

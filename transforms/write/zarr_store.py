@@ -322,9 +322,16 @@ class ChunkWriter:
         if ledger is not None:
             ledger.wrote_into(self.metadata, self.identity)
         first, last = start // self._chunk, -(-stop // self._chunk)
-        return [self._pool.submit(self._write_chunk, i, values[i * self._chunk - start:(i + 1) * self._chunk - start],
-                                  ledger)
-                for i in range(first, last)]
+        submitted = []
+        try:
+            for i in range(first, last):
+                submitted.append(self._pool.submit(self._write_chunk, i,
+                                                   values[i * self._chunk - start:(i + 1) * self._chunk - start],
+                                                   ledger))
+        except BaseException:  # the pool was shut down (a teardown): what it took lands before this raises
+            wait(submitted)
+            raise
+        return submitted
 
     def _write_chunk(self, index: int, values, ledger) -> None:
         data = np.ascontiguousarray(values, dtype=self._dtype)
