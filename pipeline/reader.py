@@ -98,7 +98,7 @@ def _open_committed_root(url: str, storage_options: dict | None) -> tuple[zarr.G
     unfinished = verify.check_commit(attrs)
     if unfinished:
         raise UncommittedDataset(f"{url}: {unfinished}")
-    problems = verify.check_format(attrs)
+    problems = verify.check_format(attrs) or verify.check_owned(str(url), attrs, storage_options)
     if problems:
         raise DatasetError(f"{url}: {problems[0]}")
     return root, RunGuard(str(url), storage_options, root.metadata.zarr_format, read_guard.run_identity(attrs))

@@ -14,9 +14,14 @@ already built (`built_by`, `input_changes`).
 Nothing staged is trusted on its name alone (issue 27): before it chooses what to reuse, the
 launcher checks every staged file against the checksum written with it, and every chunk a
 shard record or chunk mark vouches for against the size and CRC-32C that landed (`_check_units`,
-`_check_written`). What is damaged is redone: a unit is read and tokenized again, a shard written again
-(its damaged chunks deleted first, fenced, by CreateOutput: transforms/write/create_output.py),
-a shared chunk merged again. The summary counts them (`reused.damaged`).
+`_check_written`); and it reads again the input bytes each staged unit was read from
+(`input_verdicts`: a file edited in place may keep its size and modification time, and so its
+unit's key). What is damaged is redone: a unit is read and tokenized again, a shard written
+again (its damaged chunks and its record deleted first, fenced, by CreateOutput:
+transforms/write/create_output.py; writes are create-only), a shared chunk merged again. A unit
+whose input changed is read again too, and then every shard is written again (each gathers
+documents from every unit), as when a damaged unit's account no longer says what it read.
+The summary counts them (`reused.damaged`, `reused.input_units_changed`).
 """
 import os
 import posixpath
@@ -26,6 +31,7 @@ from dataclasses import dataclass, field
 from pipeline import __version__
 from pipeline.options import OPTIONS, FlatTokensOptions
 from transforms import staging
+from transforms.read.inputs import InputChanged, digest_of
 from transforms.read.staged_reads import unit_start
 from transforms.staging import StagingArea, Staged
 from transforms.write import zarr_store
@@ -202,10 +208,13 @@ class Resume:
     reused_chunks: int = 0
     changes: list = field(default_factory=list)  # what differs from the command that staged work here
     stale_units: int = 0  # staged units whose keys this job's no longer match: read and tokenized again
-    stale_chunks: int = 0  # chunks written by another job: written again
+    stale_chunks: int = 0  # chunks written by another job, or by this one from input that changed: written again
+    changed_units: int = 0  # staged units whose input bytes changed since (their key did not): read again
     # Damaged since they were written, so redone, not reused: counts by kind ("staged units",
-    # "shard records", "chunk marks", "chunks"), a line naming each, and the chunk objects
-    # (paths under the output) CreateOutput deletes before they are written again.
+    # "shard records", "chunk marks", "chunks"), and a line naming each. `rewrite`: the objects
+    # (paths under the output) CreateOutput deletes, fenced, before they are written again
+    # (writes are create-only): damaged chunk objects, and the shard records and chunk marks
+    # not trusted (damaged, or vouching for a damaged chunk).
     damaged: dict = field(default_factory=dict)
     damage: list = field(default_factory=list)
     rewrite: tuple = ()
@@ -223,13 +232,13 @@ class Resume:
                 length = array_length(name, stats[split]["tokens"], stats[split]["sequences"])
                 total += -(-length // self.target.write_block(name))
         return {"input_units": len(self.units), "input_units_total": self.unit_total,
-                "chunks": self.reused_chunks, "chunks_total": total,
+                "input_units_changed": self.changed_units, "chunks": self.reused_chunks, "chunks_total": total,
                 "damaged": {kind: self.damaged.get(kind, 0) for kind in DAMAGE_KINDS}}
 
 
-def unit_keys(plan, storage_options: dict | None = None) -> tuple[dict, dict]:
+def unit_keys(plan, storage_options: dict | None = None, by_key: dict | None = None) -> tuple[dict, dict]:
     """(file key -> (sorted unit starts, unit keys)), and (unit key -> text bytes), for every
-    unit of the job."""
+    unit of the job; `by_key`, when given, gets unit key -> unit (ReadRange or RowGroup)."""
     # The tokenizer as the dataset's provenance records it (content, vocabulary, backend and its
     # version, checked fraction, special tokens), but not where it was read from.
     tokenizer = {k: v for k, v in plan.tokenizer.provenance().items() if k != "spec"}
@@ -248,6 +257,8 @@ def unit_keys(plan, storage_options: dict | None = None) -> tuple[dict, dict]:
             "unit": _unit_where(unit)})
         by_file.setdefault(f.key, []).append((unit_start(unit), key))
         sizes[key] = _unit_text_bytes(unit)
+        if by_key is not None:
+            by_key[key] = unit
     return {k: ([s for s, _ in sorted(v)], [u for _, u in sorted(v)]) for k, v in by_file.items()}, sizes
 
 
@@ -276,7 +287,8 @@ def prepare(plan, o: FlatTokensOptions, found, storage_options: dict | None = No
             area.remove()
         area.put_json(staging.COMMAND, command_record(o, plan))
         return None
-    units, sizes = unit_keys(plan, storage_options)
+    by_key = {}
+    units, sizes = unit_keys(plan, storage_options, by_key)
     area = StagingArea(o.output, storage_options, job_key(plan, units), units)
     staged, record = Staged(), None
     if found.kind == "dataset":
@@ -285,13 +297,36 @@ def prepare(plan, o: FlatTokensOptions, found, storage_options: dict | None = No
         else:
             staged, record = area.listing(), area.read_json(staging.COMMAND)
     resume = Resume(area, plan.target, unit_total=len(sizes))
-    units = {key: name for key, name in staged.units.items() if key in sizes}
-    units = _whole(resume, "staged_units", _check_units(area, units, staged.entries))
-    resume.units = sorted((key, name, sizes[key]) for key, name in units.items())
+    candidates = {key: name for key, name in staged.units.items() if key in sizes}
+    whole = _whole(resume, "staged_units", _check_units(area, candidates, staged.entries))
+    # Issue 27.4: the input bytes each staged unit was read from are read again, a damaged
+    # unit's too where its account still says which (redone either way; but the shards are
+    # kept only if every unit's input is the one they were written from).
+    verdicts = input_verdicts(area, sorted(candidates.items()), by_key, storage_options)
+    changed = sorted(key for key, verdict in verdicts.items()
+                     if verdict == CHANGED or verdict == UNKNOWN and key in whole)
+    unknown = sorted(key for key, verdict in verdicts.items() if verdict == UNKNOWN and key not in whole)
+    for key in sorted(set(changed) | set(candidates) - set(whole)):  # read and staged again by this run
+        area.forget_unit(key)
+    resume.units = sorted((key, name, sizes[key]) for key, name in whole.items() if verdicts[key] == UNCHANGED)
+    resume.changed_units = len(changed)
     resume.stale_units = sum(1 for key in staged.units if key not in sizes)
+    unchecked = []  # why the chunks written from this job's input cannot be kept, in words
+    if changed:
+        unchecked.append(f"the input bytes of {_units(len(changed))} changed since they were read (same size "
+                         f"and modification time: edited in place)")
+    if unknown:
+        unchecked.append(f"the account of {_units(len(unknown))} is damaged: it no longer says which input bytes "
+                         f"{'it was' if len(unknown) == 1 else 'they were'} read from")
+    if len(verdicts) < len(sizes):
+        n = len(sizes) - len(verdicts)
+        unchecked.append(f"{n:,} input unit{'s' if n != 1 else ''} of this job {'was' if n == 1 else 'were'} "
+                         f"never staged")
     conflicts = any(n.startswith(CONFLICT_PREFIX) for n in found.names)
+    # Every shard gathers documents from every unit: its record is good only when every unit
+    # of the job was staged and its input bytes are the ones staged.
     if (found.kind == "dataset" and not found.committed and not conflicts
-            and staged.arrays_key == area.job_key):
+            and staged.arrays_key == area.job_key and not unchecked):
         resume.keep_arrays = True
         records, marks = _check_written(resume, staged.shards.get(area.job_key, {}),
                                         staged.chunks.get(area.job_key, set()))
@@ -303,9 +338,13 @@ def prepare(plan, o: FlatTokensOptions, found, storage_options: dict | None = No
         resume.stale_chunks = (sum(n for n, _ in staged.shards.get(staged.arrays_key, {}).values())
                                + len(staged.chunks.get(staged.arrays_key, ())))
     if resume.stale_units or resume.stale_chunks:
-        resume.changes = _what_changed(record, o, plan)
+        resume.changes = _what_changed(record, o, plan) + (unchecked if staged.arrays_key == area.job_key else [])
     area.put_json(staging.COMMAND, command_record(o, plan))
     return resume
+
+
+def _units(n: int) -> str:
+    return f"{n:,} staged input unit{'s' if n != 1 else ''}"
 
 
 def _whole(resume: Resume, kind: str, checked: dict) -> dict:
@@ -343,10 +382,51 @@ def _check_units(area: StagingArea, units: dict, entries: dict) -> dict:
         return dict(pool.map(check, sorted(units.items())))
 
 
+
+UNCHANGED, CHANGED, UNKNOWN = "unchanged", "changed", "unknown"
+
+
+def input_verdicts(area: StagingArea, staged: list, by_key: dict, storage_options: dict | None = None,
+                   threads: int = 8) -> dict:
+    """{unit key: UNCHANGED, CHANGED or UNKNOWN} for staged units [(key, account name, ...)].
+    A unit's key names its file by size and modification time (or generation): a file edited
+    in place with both restored keeps its key, so the bytes each unit was read from (their
+    spans and sha256, in its account: inputs.StoredBytes) are read again here. UNKNOWN: its
+    account cannot say (damaged: transforms/checksums.py, or staged without them). Reading is
+    cheap next to tokenizing (benchmarks/bench_unit_check.py measures it)."""
+    def verdict(item) -> str:
+        key, name = item[0], item[1]
+        try:
+            stored = area.read_unit(key, name).get("stored")
+        except (OSError, ValueError, KeyError):  # Damaged (a ValueError), or gone since the listing
+            return UNKNOWN
+        if not stored:
+            return UNKNOWN
+        try:
+            same = digest_of(by_key[key].file, stored["spans"], storage_options) == stored["sha256"]
+        except (InputChanged, OSError, RuntimeError, ValueError, KeyError, TypeError):
+            return CHANGED
+        return UNCHANGED if same else CHANGED
+    if not staged:
+        return {}
+    with ThreadPoolExecutor(min(threads, len(staged))) as pool:  # reads: I/O, and hashing frees the GIL
+        return dict(zip((item[0] for item in staged), pool.map(verdict, staged)))
+
+
+def unchanged_units(area: StagingArea, staged: list, by_key: dict, storage_options: dict | None = None,
+                    threads: int = 8) -> tuple[list, list]:
+    """(the staged units [(key, account name, ...)] whose input bytes are still those they
+    were read from, the keys of the others): input_verdicts, UNKNOWN counted as changed."""
+    verdicts = input_verdicts(area, staged, by_key, storage_options, threads)
+    return ([item for item in staged if verdicts[item[0]] == UNCHANGED],
+            [item[0] for item in staged if verdicts[item[0]] != UNCHANGED])
+
+
 def _check_written(resume: Resume, records: dict, marks: set) -> tuple[dict, set]:
     """The shard records and chunk marks of this job's arrays that can be trusted: each whole
     (its checksum), and every chunk object it vouches for stored with the size and CRC-32C
-    that landed. The damaged chunk objects go to `resume.rewrite`."""
+    that landed. The damaged chunk objects go to `resume.rewrite`, with the records and marks
+    not trusted: their shard or chunk writes them again, create-only, so they go first."""
     area, target = resume.area, resume.target
     fs, base = filesystem(target.url, target.storage_options)
     base = base.rstrip("/")
@@ -382,7 +462,7 @@ def _check_written(resume: Resume, records: dict, marks: set) -> tuple[dict, set
     for path, why in sorted(broken.items()):
         resume.damaged["chunks"] = resume.damaged.get("chunks", 0) + 1
         resume.damage.append(f"chunk {target.url.rstrip('/')}/{posixpath.relpath(path, base)}: {why}")
-    good_records, good_marks = {}, set()
+    good_records, good_marks, untrusted = {}, set(), []
     for kind, items in (("shard_records", read_records), ("chunk_marks", read_marks)):
         for key, objects, why in items:
             if objects is None:
@@ -393,6 +473,11 @@ def _check_written(resume: Resume, records: dict, marks: set) -> tuple[dict, set
                     good_records[key] = records[key]
                 else:
                     good_marks.add(key)
+                continue
+            untrusted.append(f"{staging.FOLDER}/{staging.SHARDS}/{area.job_key}/{records[key][1]}"
+                             if kind == "shard_records" else
+                             f"{staging.FOLDER}/{staging.CHUNKS}/{area.job_key}/{'.'.join(map(str, key))}")
+    resume.rewrite += tuple(sorted(untrusted))
     return good_records, good_marks
 
 
@@ -413,9 +498,14 @@ def describe(resume: Resume | None) -> list[tuple[bool, str]]:
     if resume is None:
         return []
     lines = []
-    if resume.units or resume.shards or resume.keep_arrays or resume.damage:
+    if resume.units or resume.shards or resume.keep_arrays or resume.damage or resume.changed_units:
         lines.append((False, f"flat-tokens: resuming: {len(resume.units):,} of {resume.unit_total:,} input units "
                              f"staged, {len(resume.shards):,} shards and {resume.reused_chunks:,} chunks written"))
+    if resume.changed_units:
+        n = resume.changed_units
+        lines.append((True, f"flat-tokens: {resume.area.output}: {_units(n)} {'is' if n == 1 else 'are'} read and "
+                            f"tokenized again: the input bytes {'it was' if n == 1 else 'they were'} read from "
+                            f"changed since (same size and modification time: edited in place)"))
     if resume.stale_units or resume.stale_chunks:
         redone = [f"{n:,} staged input unit{'s' if n > 1 else ''} no longer match{'es' if n == 1 else ''} this "
                   f"job and {'is' if n == 1 else 'are'} read and tokenized again" for n in [resume.stale_units] if n]

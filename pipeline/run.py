@@ -32,6 +32,7 @@ from pipeline import VERSION, allocator, cloud, parallelism, resume, scratch, wo
 from pipeline.graph import build_pipeline
 from pipeline.environment import worker_environment, workers_see_launcher_disk
 from pipeline.plan import plan_job
+from pipeline.write_memory import check_write_memory
 from pipeline.options import (FlatTokensOptions, OptionError, ViewsMadeOnce, check_options, help_text,
                               unknown_option_message, unknown_options)
 from transforms.write import zarr_store
@@ -180,9 +181,11 @@ def format_summary(summary: dict) -> str:
         lines += source_table(summary["mixture"])
     reused = summary.get("reused")
     damaged = (reused or {}).get("damaged") or {}
-    if reused and (reused["input_units"] or reused["chunks"] or any(damaged.values())):
+    changed = (reused or {}).get("input_units_changed")
+    if reused and (reused["input_units"] or reused["chunks"] or any(damaged.values()) or changed):
         lines.append(f"  resumed: reused {reused['input_units']:,} of {reused['input_units_total']:,} input units, "
                      f"{reused['chunks']:,} of {reused['chunks_total']:,} chunks"
+                     + (f"; {changed:,} staged units read again (their input changed)" if changed else "")
                      + (f"; redone, {resume.describe_damage(damaged)}" if any(damaged.values()) else ""))
     if summary["output_bytes"] is not None:
         per_token = f", {summary['bytes_per_token']} bytes/token" if summary["bytes_per_token"] else ""
@@ -370,6 +373,7 @@ def _main(argv, options, ft, stopping: _Stopping) -> int:
         if unknown:
             raise OptionError(unknown_option_message(argv, unknown[0]))
         check_options(ft)
+        check_write_memory(ft)  # chunk and shard sizes a writer could not hold: before any data is read
         local = workers_see_launcher_disk(options)  # checks --environment_type too
         cloud.check_gcs_reachable(cloud.urls_of(ft))  # in seconds, not after gcsfs's retries
         if local:

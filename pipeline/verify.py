@@ -48,7 +48,7 @@ from pipeline import VERSION, read_guard
 from transforms.gcs import close_gcs_sessions_at_exit
 from transforms.write import chunk_checksums
 from transforms.write.chunk_objects import chunk_objects, missing_objects
-from transforms.write.ownership import OWN_PREFIX, conflicts
+from transforms.write.ownership import OWN_PREFIX, conflicts, refusals
 
 # After `import zarr`, so gcsfs sessions on zarr's event loop close before zarr stops it.
 close_gcs_sessions_at_exit()
@@ -99,15 +99,14 @@ def check_dataset(url: str, *, block: int = DEFAULT_BLOCK, storage_options: dict
     if block < 1:
         raise ValueError(f"block must be >= 1, is {block}")
     root = open_root(url, storage_options)
-    conflicted = check_conflicts(url, storage_options)
     if root is None:
-        return [UNFINISHED] + conflicted, {}
+        return [UNFINISHED] + check_conflicts(url, storage_options), {}
     attrs = dict(root.attrs)
     unfinished = check_commit(attrs)
     if unfinished:
         # Data of an unfinished run may be half written: checking it would only add noise.
-        return [unfinished] + conflicted, {}
-    problems = conflicted + check_format(attrs)
+        return [unfinished] + check_conflicts(url, storage_options), {}
+    problems = check_owned(url, attrs, storage_options) + check_format(attrs)
     scheme = chunk_checksums.of_dataset(attrs)
     if scheme is None and notes is not None:
         notes.append(NO_CHECKSUMS)
@@ -147,6 +146,7 @@ def open_root(url: str, storage_options: dict | None = None) -> zarr.Group | Non
     options = dict(storage_options or {})
     try:
         fs, path = fsspec.core.url_to_fs(url, **options)
+        fs.invalidate_cache(path)  # gcsfs keeps listings: a dataset deleted since is not there
         exists = fs.exists(path)
     except Exception as e:  # bad protocol, credentials, network: the user must fix the URL
         raise CannotOpen(f"cannot open {url}: {type(e).__name__}: {e}") from None
@@ -170,6 +170,13 @@ def check_conflicts(url: str, storage_options: dict | None = None) -> list[str]:
     transforms/write/ownership.py): its data cannot be trusted, whatever the arrays say."""
     return [f"conflict record {name}: another run may have written into this output while it was being "
             f"written; rerun with --overwrite" for name in conflicts(url, storage_options)]
+
+
+def check_owned(url: str, attrs: dict, storage_options: dict | None = None) -> list[str]:
+    """Why a committed dataset cannot be trusted as its run's: conflict records, or a newer
+    claim than the committing run's (ownership.refusals). The reader and export refuse it."""
+    run_id = attrs.get("run_id")
+    return refusals(url, run_id if isinstance(run_id, str) else "", storage_options)
 
 
 def check_commit(attrs: dict) -> str | None:

@@ -1,5 +1,5 @@
-"""Smoke tests of benchmarks/bench_pipeline.py, bench_reader.py, bench_resume.py, bench_codecs.py,
-bench_runners.py, bench_checksums.py, bit_flips.py and simulate_scale.py on tiny inputs: they run end to end and
+"""Smoke tests of benchmarks/bench_pipeline.py, bench_reader.py, bench_resume.py, bench_unit_check.py,
+bench_codecs.py, bench_runners.py, bench_checksums.py, bit_flips.py and simulate_scale.py on tiny inputs: they run end to end and
 report every field (no timing assertions: the numbers depend on the machine)."""
 import json
 import os
@@ -242,6 +242,22 @@ def test_bench_resume_smoke(tmp_path):
     assert r["peak"]["staging_peak_bytes"] > 0 and r["medians"]["overhead_of_rounds"] == one["overhead"]
     assert r["medians"]["overhead"] == round(one["a"]["wall_seconds"] / one["b"]["wall_seconds"] - 1, 3)
     assert not any(work.iterdir()), "the work directory is removed without --keep"
+
+
+def test_bench_unit_check_smoke(tmp_path):
+    """benchmarks/bench_unit_check.py on a tiny corpus: every measurement, the run, the shares."""
+    texts = [json.loads(line)["text"] for line in open(SAMPLE / "corpus-1.jsonl", encoding="utf-8")][:300]
+    corpus = write_jsonl(tmp_path / "tiny.jsonl", texts)
+    results = tmp_path / "unit-check.json"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "bench_unit_check.py"), "--input", str(corpus), "--tokenizer",
+         "bytes", "--rounds", "1", "--json", str(results)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
+    for field in ("a_read", "b_read_sha256", "c_reader", "d_reader_recording", "e_resume_check", "f_run",
+                  "resume check / run:", "recording / run:"):
+        assert field in proc.stdout, f"{field!r} missing from:\n{proc.stdout}"
+    r = json.loads(results.read_text())
+    assert r["units"] >= 1 and r["f_run"]["wall_seconds"] > 0 and 0 <= r["check_share_of_run"]["cpu_seconds"]
 
 
 def test_bench_codecs_smoke(tmp_path):

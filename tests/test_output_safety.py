@@ -16,9 +16,10 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 
 import fsspec
 import numpy as np
@@ -332,35 +333,57 @@ def test_a_takeover_waits_for_the_old_runs_write_in_flight_which_then_harms_noth
         taking_over = pool.submit(lambda: list(CreateOutput(b, True, str(tmp_path / "rej"),
                                                             expected_owner=(1, "run-a", False)).process(None, layout)))
         wait_for(lambda: (out / ".flat-tokens-run.2").exists(), "run B claims the output")
-        assert not taking_over.done() and (out / "train" / ".zattrs").exists()  # B waits, deleting nothing
+        arrays_of_a = (out / "train" / "encoded_tokens" / ".zarray").stat()
+        assert not taking_over.done()  # B waits, deleting nothing
         with pytest.raises(OutputTaken, match="run run-b took it over") as stopped:
-            list(steps)
-            finish()
+            try:
+                list(steps)  # its next array's writer sees the takeover when it opens...
+            finally:
+                finish()  # ... and the write in flight is confirmed: it landed before B went on
         assert stopped.value.landed_first
         assert taking_over.result() == [True]
     assert not [n for n in os.listdir(out) if n.startswith((CONFLICT_PREFIX, ".flat-tokens-writing."))]
-    assert zarr.open_group(str(out / "train"), mode="r").attrs["flat_tokens_run"] == "run-b"
+    arrays_of_b = (out / "train" / "encoded_tokens" / ".zarray").stat()
+    assert (arrays_of_b.st_ino, arrays_of_b.st_mtime_ns) != (arrays_of_a.st_ino, arrays_of_a.st_mtime_ns)  # B's own
     assert sorted(os.listdir(out / "train" / "encoded_tokens")) == [".zarray", ".zattrs"]  # A's chunks went
 
 
-def test_a_write_that_outlasts_the_newcomers_patience_blocks_every_commit(tmp_path):
-    """The backstop: a run that took an output over stops waiting for a write in flight
-    after a while (here at once) and breaks its lease. That write may land in the new
-    output, so its run leaves a conflict record, and no commit publishes the output."""
+def test_a_write_that_outlasts_the_newcomers_patience_cannot_change_the_new_output(tmp_path):
+    """Fencing: a run that took an output over stops waiting for a write in flight after a
+    while (here at once), replaces the output and commits its own dataset. The stalled write
+    lands afterwards: create-only, it replaces none of the new run's objects, its run takes
+    back the objects it created, and it stops saying it lost the output. The new dataset is
+    exactly as its run committed it, with no conflict record."""
     a, shards, layout = small_job(tmp_path, "run-a")
     b = dataclasses.replace(a, run_id="run-b")
+    b_shards = [shard("train", 0, [2, 2], np.random.default_rng(1))]  # 4 other tokens: 1 chunk, not 5
+    b_layout = plan.lay_out({("train", 0): (4, 2, int((b_shards[0].tokens >> 1).max()))}, ("train", "validation"))
+    out = tmp_path / "o.zarr"
     list(CreateOutput(a, False, str(tmp_path / "rej")).process(None, layout))
-    steps, finish = paused_writer(a, shards[0], layout)
+    writing = WriteOwnedChunks(a)
+    writing.setup()
+    writing.start_bundle()
+    list(writing.process(shards[0], layout, True))
+    stall = threading.Event()  # A's writes of shard 1 pass the claim check, then wait on the pool
+    pool = writing._arrays._pool
+    blockers = [pool.submit(stall.wait) for _ in range(pool._max_workers)]
+    list(writing.process(shards[1], layout, True))
     ownership.claim(b.url, "run-b", 2)
-    ownership.wait_for_writers(b.url, "run-b", patience=0)
-    list(CreateOutput(b, True, str(tmp_path / "rej"), expected_owner=(1, "run-a", False)).process(None, layout))
-    with pytest.raises(OutputTaken, match="conflict record"):
-        list(steps)  # ... and writes more after B took over: it says so once they have landed
-        finish()
-    assert (tmp_path / "o.zarr" / f"{CONFLICT_PREFIX}run-a").exists()
-    with pytest.raises(OutputError, match="another run may have written into this output"):
-        CommitFn(b, {"run_id": "run-b"}).commit(CHUNKS, layout, {"lines": 4, "documents": 4})
-    assert not (tmp_path / "o.zarr" / ".zgroup").exists()
+    ownership.wait_for_writers(b.url, "run-b", patience=0)  # A's lease is broken
+    list(CreateOutput(b, True, str(tmp_path / "rej"), expected_owner=(1, "run-a", False)).process(None, b_layout))
+    write_all(b, b_shards, b_layout)
+    CommitFn(b, {"run_id": "run-b"}).commit({("train", "encoded_tokens"): 1, ("train", "seq_starts"): 1,
+                                             ("validation", "encoded_tokens"): 0, ("validation", "seq_starts"): 1},
+                                            b_layout, {"lines": 2, "documents": 2})
+    committed = digest(out)
+    stall.set()
+    wait(blockers)
+    with pytest.raises(OutputTaken, match="this run lost the output") as lost:
+        writing.finish_bundle()  # A's writes land, then it confirms them
+    assert "taken back" in str(lost.value)
+    assert digest(out) == committed
+    assert not [n for n in os.listdir(out) if n.startswith(CONFLICT_PREFIX)]
+    assert verify.verify_dataset(str(out)) == []
 
 
 def test_the_lease_of_a_process_that_has_ended_is_not_waited_for(tmp_path):
@@ -644,14 +667,15 @@ class Run:
     """A run in a subprocess that a test can pause and resume (SIGSTOP/SIGCONT to its
     session), with its own temporary directory so that its progress can be observed."""
 
-    def __init__(self, place, tmp_path, name, *args):
+    def __init__(self, place, tmp_path, name, *args, output="out.zarr", env=None):
         self.place = place
         self.temp = tmp_path / f"tmp-{name}"
         self.temp.mkdir()
         self.summary = tmp_path / f"{name}.json"
-        cmd = [sys.executable, "-m", "pipeline.run", *map(str, args), "--output", place.url("out.zarr"),
+        cmd = [sys.executable, "-m", "pipeline.run", *map(str, args), "--output", place.url(output),
                "--summary_json", str(self.summary)]
-        self.proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, **place.env, "TMPDIR": str(self.temp)},
+        self.proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, **place.env, "TMPDIR": str(self.temp),
+                                                         **(env or {})},
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
     def wait_until(self, condition, what):
@@ -732,6 +756,61 @@ def test_taking_over_a_run_that_is_still_writing(place, tmp_path):
     assert "conflict record" not in err_a
     assert place.verify() == []
     assert not [n for n in place.names("out.zarr") if n.startswith((CONFLICT_PREFIX, ".flat-tokens-writing."))]
+
+
+def without_run_ids(place, name: str) -> dict:
+    """A dataset's objects by name, with what names its run (the claims, and the run id and
+    report path in its attributes) set aside: what two runs of one command must share, byte
+    for byte."""
+    out = {}
+    for relative, sha in place.digest(name).items():
+        if posixpath.basename(relative).startswith(".flat-tokens-run."):
+            continue
+        if posixpath.basename(relative) in (".zattrs", "zarr.json") and relative.count("/") <= 1:
+            place.fs.invalidate_cache()
+            attrs = json.loads(place.fs.cat_file(place.path(name, relative)))
+            inner = attrs.get("attributes", attrs)
+            for key in ("run_id", "flat_tokens_run", "rejected_output"):
+                inner.pop(key, None)
+            sha = json.dumps(attrs, sort_keys=True)
+        out[relative] = sha
+    return out
+
+
+def test_a_stalled_writer_cannot_change_the_dataset_that_replaced_it(place, tmp_path):
+    """Issue 27.2. Run A is frozen (SIGSTOP) while it writes chunks; run B takes the output
+    over with --overwrite, waits for A's write in flight (here 1 s), goes on without it,
+    replaces the output and commits. A is resumed (SIGCONT): its stalled writes land, and
+    fail where B wrote (create-only); what they create beyond B's arrays is taken back. A
+    exits 1 saying it lost the output, and B's dataset is byte for byte what a fresh run of
+    B's command writes, with no conflict record."""
+    alpha, beta = slow_input(tmp_path, "alpha", 3000), slow_input(tmp_path, "beta", 300)
+    a = Run(place, tmp_path, "a", *alpha)
+    leases = lambda: [n for n in place.names("out.zarr") if n.startswith(".flat-tokens-writing.")]  # noqa: E731
+    chunks = lambda: len(place.names("out.zarr/train/encoded_tokens")) > 5  # noqa: E731
+    for _ in range(200):  # frozen while a write of its is in flight: it holds a lease
+        a.wait_until(lambda: chunks() and leases(), "A wrote a few chunks")
+        a.pause()
+        if leases() and not place.exists("out.zarr/.zattrs"):
+            break
+        a.resume()
+    else:
+        pytest.fail("A was never seen holding a lease")
+    b = Run(place, tmp_path, "b", *beta, "--overwrite", env={ownership.LEASE_PATIENCE_VARIABLE: "1"})
+    code_b, err_b = b.finish()
+    assert code_b == 0, err_b
+    assert "has not landed after 1 s; going on without it" in err_b, err_b
+    committed = place.digest("out.zarr")
+    a.resume()
+    code_a, err_a = a.finish()
+    assert code_a == 1, err_a
+    assert f"run {b.run_id()} took it over (claim 2)" in err_a and "this run lost the output" in err_a, err_a
+    assert place.digest("out.zarr") == committed
+    assert not [n for n in place.names("out.zarr") if n.startswith((CONFLICT_PREFIX, ".flat-tokens-writing."))]
+    assert place.verify() == []
+    fresh = Run(place, tmp_path, "fresh", *beta, output="fresh.zarr")
+    assert fresh.finish()[0] == 0
+    assert without_run_ids(place, "out.zarr") == without_run_ids(place, "fresh.zarr")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -241,6 +241,25 @@ def test_an_input_file_changed_in_place_to_the_same_size_is_read_again(tmp_path)
     assert dataset_digest(out) == fresh(tmp_path, args, "fresh.zarr")
 
 
+def test_an_input_file_edited_in_place_with_its_size_and_modification_time_restored_is_read_again(tmp_path):
+    """Issue 27.4: same size, same modification time, other bytes. Only the bytes tell: a
+    rerun reads again the bytes each staged unit was read from and compares their sha256
+    with the one staged; a changed unit is read and tokenized afresh, and the shards (which
+    gather documents from every unit) are written again."""
+    corpus(tmp_path / "in")
+    args = job_args(tmp_path)
+    out = tmp_path / "out.zarr"
+    kill_when(args, out, lambda: shards_recorded(out) >= 2)
+    changed = tmp_path / "in" / "part-0.jsonl"
+    before, data = changed.stat(), changed.read_bytes()
+    changed.write_bytes(data.replace(b"document 0 ", b"document X "))
+    os.utime(changed, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert (changed.stat().st_size, changed.stat().st_mtime_ns) == (before.st_size, before.st_mtime_ns)
+    reused = resume(args, out, tmp_path / "summary.json")
+    assert (reused["input_units"], reused["input_units_changed"], reused["chunks"]) == (FILES - 1, 1, 0)
+    assert dataset_digest(out) == fresh(tmp_path, args, "fresh.zarr")
+
+
 def test_a_changed_tokenizer_file_redoes_everything(tmp_path):
     texts = [f"text {i} about tokenizers and shards " * (1 + i % 5) for i in range(2000)]
     for i in range(4):

@@ -26,17 +26,28 @@ sealed (a CRC-32C trailer); a batch's ids stay as they are (the shuffle maps the
 and their size and CRC-32C are sealed into its `.batch`. A shard record and a chunk mark also
 hold the size and CRC-32C of every chunk object they vouch for. Before a rerun reuses
 anything, the launcher checks it against those sums (pipeline/resume.py); what is damaged is
-redone, never reused. A unit is trusted when its account and all n of its batches
-(both files) are there, whichever runner fused what. A batch's `.batch` is written only once
-the tokenizer guard has compared its sample, so a batch that failed the guard is never
-reused. Shard records and chunk markers are written once their chunks landed and the claim
+redone, never reused. A unit's account also holds the spans and sha256 of the input bytes it
+was read from, which the launcher reads again before it reuses the unit.
+
+Fencing. Shard records, chunk marks and the arrays' mark are written in the lease of the write
+they describe, create-only, like the chunks themselves (transforms/create_only.py): a run that
+lost the output takes them back with its chunks, and one that is not trusted on a rerun is
+deleted (fenced, by CreateOutput) before its shard writes it again. Their bytes depend only on
+what they describe, so a retried write finds its own. Staged units are not fenced: their keys
+name their content (and their stored bytes are checked before reuse), so a late one is never
+wrong, at worst left over until the next run.
+
+A unit is trusted when its account and all n of its batches (both files) are there,
+whichever runner fused what. A batch's `.batch` is written only once the tokenizer guard has
+compared its sample, so a batch that failed the guard is never reused. Shard records and chunk markers are written once their chunks landed and the claim
 was confirmed after them; they count only while `arrays.json` names the same job key. That
 marker is removed before any record or array is deleted, and written again only after the
 arrays are created anew, so no record outlives the chunks it describes.
 
 The folder's name starts with `.flat-tokens-`, which is how the ownership rules recognise the
 tool's own objects (transforms/write/ownership.py). It is removed by the commit; `--restart`
-throws it away; nothing else in it is ever deleted but by these names.
+throws it away; nothing else in it is ever deleted but by these names (and a unit or record
+the launcher no longer trusts, before it is written again).
 """
 import bisect
 import hashlib
@@ -51,11 +62,13 @@ import numcodecs
 import numpy as np
 from fsspec.core import url_to_fs
 
+from transforms import create_only
 from transforms.checksums import Damaged, Sum, seal, stored_problem, unseal
 from transforms.records import TokenizedBatch, mapped_ids
 
 FOLDER = ".flat-tokens-staging"
-FORMAT = 2  # of the objects below; part of every key. 2: every object carries its checksum
+FORMAT = 2  # of the objects below; part of every key. 2: every object carries its checksum, and a unit's
+# account the digest of the input bytes it was read from (one bump for both: issue 27)
 UNITS, SHARDS, CHUNKS = "units", "shards", "chunks"
 COMMAND, ARRAYS = "command.json", "arrays.json"
 IDS, BATCH = ".ids", ".batch"
@@ -161,9 +174,14 @@ class StagingArea:
 
     # -- writing ---------------------------------------------------------------------------
 
-    def put(self, relative: str, data) -> str:
-        """Writes `data` (bytes or a buffer) whole at `relative`; returns the object's path."""
+    def put(self, relative: str, data, lease=None) -> str:
+        """Writes `data` (bytes or a buffer) whole at `relative`; returns the object's path.
+        In a write's `lease` (transforms/write/ownership.py: shard records, chunk marks, the
+        arrays' mark), create-only, as the chunks they describe (transforms/create_only.py)."""
         path = self.path(relative)
+        if lease is not None:
+            create_only.put_new(self.fs, path, data, lease.ledger)
+            return path
         if not self.local:
             self.fs.pipe_file(path, bytes(data))
             return path
@@ -220,27 +238,28 @@ class StagingArea:
         name = f"unit.{len(account['places'])}.json"
         self.put(f"{UNITS}/{unit}/{name}", seal(json.dumps({"format": FORMAT, "unit": unit, **account}).encode()))
 
-    def put_shard(self, split: str, shard: int, record: dict, fragments: list) -> None:
+    def put_shard(self, split: str, shard: int, record: dict, fragments: list, lease=None) -> None:
         """Stages a written shard: `record` (its size, receipts, and `objects`: the chunk
         objects it wrote with their Sums, [[key under the split, size, crc32c]]), and its
-        fragments [((split, array, index), (start, values))]."""
+        fragments [((split, array, index), (start, values))]; in the write's `lease`."""
         header = {**record, "fragments": [[key[1], key[2], int(start)] for key, (start, _) in fragments]}
         arrays = {f"f{i}": np.asarray(values) for i, (_, (_, values)) in enumerate(fragments)}
         chunks = sum(n for _, n in record["receipts"])
         name = f"{SHARDS}/{self.job_key}/{split}.{shard:08d}.{chunks}.rec"
-        self.put(name, seal(_RECORD_CODEC.encode(_npz(header, arrays))))
+        self.put(name, seal(_RECORD_CODEC.encode(_npz(header, arrays))), lease)
 
-    def put_chunk(self, split: str, array: str, index: int, objects: list) -> None:
-        """Marks a shared chunk written: `objects`, [(key under the split, Sum)], what landed."""
+    def put_chunk(self, split: str, array: str, index: int, objects: list, lease=None) -> None:
+        """Marks a shared chunk written: `objects`, [(key under the split, Sum)], what landed;
+        in the write's `lease`."""
         value = {"objects": [[key, *Sum(*summed).to_json()] for key, summed in objects]}
-        self.put(f"{CHUNKS}/{self.job_key}/{split}.{array}.{index}", seal(json.dumps(value).encode()))
+        self.put(f"{CHUNKS}/{self.job_key}/{split}.{array}.{index}", seal(json.dumps(value).encode()), lease)
 
-    def put_json(self, name: str, value: dict) -> None:
-        self.put(name, json.dumps(value, sort_keys=True).encode())
+    def put_json(self, name: str, value: dict, lease=None) -> None:
+        self.put(name, json.dumps(value, sort_keys=True).encode(), lease)
 
-    def mark_arrays(self) -> None:
+    def mark_arrays(self, lease=None) -> None:
         """The arrays were just created for this job: its records count from here."""
-        self.put_json(ARRAYS, {"job_key": self.job_key})
+        self.put_json(ARRAYS, {"job_key": self.job_key}, lease)
 
     def arrays_key(self) -> str | None:
         """The job key whose chunks the arrays hold, or None."""
@@ -373,7 +392,7 @@ class StagingArea:
             for root, _, files in os.walk(self.url):
                 rel = os.path.relpath(root, self.url)
                 out.update((name if rel == "." else f"{rel}/{name}", None)
-                           for name in files if not name.endswith(TEMPORARY))
+                           for name in files if not name.endswith((TEMPORARY, create_only.PARTIAL)))
             return out
         fs = self.fs
         fs.invalidate_cache(self.url)
@@ -382,7 +401,8 @@ class StagingArea:
         except FileNotFoundError:
             return {}
         root = url_to_fs(self.url, **self.storage_options)[1].rstrip("/") + "/"
-        return {p[len(root):]: info for p, info in found.items() if p.startswith(root) and not p.endswith(TEMPORARY)}
+        return {p[len(root):]: info for p, info in found.items()
+                if p.startswith(root) and not p.endswith((TEMPORARY, create_only.PARTIAL))}
 
     # -- removing --------------------------------------------------------------------------
 
@@ -392,6 +412,10 @@ class StagingArea:
         self._remove(ARRAYS)
         for folder in (SHARDS, CHUNKS):
             self._remove(folder)
+
+    def forget_unit(self, unit: str) -> None:
+        """A staged unit whose input changed since it was read (pipeline/resume.py): read again."""
+        self._remove(f"{UNITS}/{unit}")
 
     def remove(self) -> None:
         """The whole area (the commit, --restart)."""

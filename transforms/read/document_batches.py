@@ -4,6 +4,7 @@ import apache_beam as beam
 import numpy as np
 
 from transforms.progress import ProgressFile
+from transforms.read.inputs import StoredBytes
 from transforms.records import DocumentBatch
 
 
@@ -58,6 +59,15 @@ class ReadIntoBatchesFn(beam.DoFn):
     def teardown(self):
         if self._progress:
             self._progress.flush()
+
+    # Set by a wrapper that keeps each unit's stored bytes (transforms/read/staged_reads.py).
+    record_stored = False
+    last_stored = None  # the StoredBytes of the unit read last, when recorded
+
+    def stored_bytes(self):
+        """A StoredBytes for the unit about to be read (None unless recording)."""
+        self.last_stored = StoredBytes() if self.record_stored else None
+        return self.last_stored
 
     def batcher(self, file) -> DocumentBatcher:
         """A batcher for the documents of one input unit of `file` (an InputFile)."""

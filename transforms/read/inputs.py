@@ -9,6 +9,7 @@ import bz2
 import contextlib
 import errno
 import gzip
+import hashlib
 import lzma
 import os
 import posixpath
@@ -495,8 +496,49 @@ def read_ranges(files: list[InputFile], range_bytes: int) -> list[ReadRange]:
     return ranges
 
 
+class StoredBytes:
+    """The stored bytes one input unit was read from: the spans read, in order (contiguous
+    reads merged), and a sha256 of those bytes, computed as they are read. The staging area
+    keeps them with the unit (transforms/read/staged_reads.py), and a rerun reads the same
+    spans again before it reuses the unit (`digest_of`): an input edited in place, even with
+    its size and modification time restored, is then read and tokenized afresh."""
+
+    def __init__(self):
+        self.spans: list[list[int]] = []  # [offset, length], in the order they were read
+        self._hash = hashlib.sha256()
+
+    def add(self, offset: int, data: bytes) -> None:
+        if not data:
+            return
+        self._hash.update(data)
+        if self.spans and self.spans[-1][0] + self.spans[-1][1] == offset:
+            self.spans[-1][1] += len(data)
+        else:
+            self.spans.append([offset, len(data)])
+
+    def describe(self) -> dict:
+        return {"spans": [list(s) for s in self.spans], "sha256": self._hash.hexdigest()}
+
+
+def digest_of(f: InputFile, spans: list, storage_options: dict | None = None) -> str:
+    """The sha256 of a file's stored bytes at `spans` (StoredBytes.describe), read now, as
+    listed: a file whose size or version changed since it was listed raises InputChanged."""
+    digest = hashlib.sha256()
+    with _open_as_listed(f, storage_options) as raw:
+        for offset, length in spans:
+            raw.seek(offset)
+            while length > 0:
+                piece = raw.read(min(length, 1 << 22))
+                if not piece:
+                    return ""  # shorter than when it was read: not the bytes staged
+                digest.update(piece)
+                length -= len(piece)
+        raw.check_unchanged()
+    return digest.hexdigest()
+
+
 @contextlib.contextmanager
-def open_input(f: InputFile, storage_options: dict | None = None):
+def open_input(f: InputFile, storage_options: dict | None = None, stored: StoredBytes | None = None):
     """The (decompressed) content of an input file, to use as `with open_input(f) as fh:`
     (fh is a binary file object). Leaving the `with` closes the decompressor *and* the
     storage file under it: closing a GzipFile alone would leave a gcsfs file, and its
@@ -509,8 +551,9 @@ def open_input(f: InputFile, storage_options: dict | None = None):
     version when opened, reads that end where the listing says the file ends (so a file
     truncated or grown since is caught by the range that reaches its end), and, for a local
     file, the same modification time when the `with` ends. A GCS object is read at the
-    generation listed, so a rewrite between two reads cannot mix two versions."""
-    with _open_as_listed(f, storage_options) as raw:
+    generation listed, so a rewrite between two reads cannot mix two versions. `stored`:
+    records the stored bytes read (StoredBytes)."""
+    with _open_as_listed(f, storage_options, stored) as raw:
         if f.compression is None:
             yield raw
         elif f.compression == "gzip":
@@ -522,7 +565,7 @@ def open_input(f: InputFile, storage_options: dict | None = None):
 
 
 @contextlib.contextmanager
-def _open_as_listed(f: InputFile, storage_options: dict | None):
+def _open_as_listed(f: InputFile, storage_options: dict | None, stored: StoredBytes | None = None):
     generation = f.version.split(" ", 1)[1] if f.version and f.version.startswith("generation ") else None
     url = f"{f.url}#{generation}" if generation else f.url  # gcsfs reads that generation, or fails
     try:
@@ -534,7 +577,7 @@ def _open_as_listed(f: InputFile, storage_options: dict | None):
         raise InputChanged(changed(f, f"generation {generation} is gone (the object was rewritten or "
                                       f"deleted)")) from None
     try:
-        checked = AsListed(raw, f)
+        checked = AsListed(raw, f, stored)
         checked.check_unchanged()
         yield checked
     finally:
@@ -551,9 +594,10 @@ class AsListed:
     that reaches the end before the listed size (the file was truncated) or goes past it
     (it grew) raises InputChanged. Compressed files are checked on their compressed bytes."""
 
-    def __init__(self, raw, f: InputFile):
+    def __init__(self, raw, f: InputFile, stored: StoredBytes | None = None):
         self._raw = raw
         self._f = f
+        self._stored = stored
 
     def read(self, n: int = -1) -> bytes:
         return self._checked(self._raw.read, n)
@@ -576,11 +620,19 @@ class AsListed:
     def __getattr__(self, name):  # what pyarrow or gzip may ask of a file besides (closed, ...)
         return getattr(self._raw, name)
 
+    def readinto(self, buffer) -> int:
+        data = self.read(len(buffer))
+        buffer[:len(data)] = data
+        return len(data)
+
     def _checked(self, read, n: int) -> bytes:
+        start = self._raw.tell() if self._stored is not None else 0
         try:
             data = read(n)
         except FileNotFoundError:  # a GCS read of a generation that no longer exists
             raise InputChanged(changed(self._f, "the version listed is gone")) from None
+        if self._stored is not None:
+            self._stored.add(start, data)
         at = self._raw.tell()
         if at > self._f.size:
             raise InputChanged(changed(self._f, f"now holds more (read up to byte {at:,})"))

@@ -98,7 +98,7 @@ class ReadRangeFn(ReadIntoBatchesFn):
         text_key = rng.file.text_key or self._text_key
         reached = rng.start  # the uncompressed offset after the last whole line: named if the file breaks
         try:
-            with open_input(rng.file, self._storage_options) as f:
+            with open_input(rng.file, self._storage_options, self.stored_bytes()) as f:
                 for offset, raw in jsonl.iter_lines(f, rng.start, rng.stop):
                     counts["lines"] += 1
                     reached = offset + len(raw) + 1

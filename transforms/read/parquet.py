@@ -39,15 +39,15 @@ class RowGroup:
     text_bytes: int  # uncompressed size of the text column in this group (for sizing and progress)
 
 
-def open_parquet(f: InputFile, storage_options: dict | None = None):
+def open_parquet(f: InputFile, storage_options: dict | None = None, stored=None):
     """`with open_parquet(f) as pf:` a pyarrow ParquetFile read through fsspec, so gs:// (and
-    the emulator, and storage_options) work as for JSONL."""
-    return _ParquetFileOf(f, storage_options)
+    the emulator, and storage_options) work as for JSONL. `stored`: inputs.StoredBytes."""
+    return _ParquetFileOf(f, storage_options, stored)
 
 
 class _ParquetFileOf:
-    def __init__(self, f: InputFile, storage_options: dict | None):
-        self._open = open_input(f, storage_options)
+    def __init__(self, f: InputFile, storage_options: dict | None, stored=None):
+        self._open = open_input(f, storage_options, stored)
         self._fh = None
 
     def __enter__(self) -> pq.ParquetFile:

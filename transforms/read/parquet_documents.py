@@ -38,9 +38,10 @@ class ReadRowGroupFn(ReadIntoBatchesFn):
             return batcher.take()
 
         if not group.num_rows:  # the unit of a file without rows: only its counts
+            self.stored_bytes()
             yield beam.pvalue.TaggedOutput(COUNTS, counts)
             return
-        with open_parquet(group.file, self._storage_options) as pf:
+        with open_parquet(group.file, self._storage_options, self.stored_bytes()) as pf:
             for row, value in parquet.iter_rows(pf, group):
                 counts["lines"] += 1
                 text, reason = parquet.text_of(value)

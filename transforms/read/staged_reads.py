@@ -3,7 +3,9 @@ staging area (transforms/staging.py), so that a rerun can replay the unit instea
 and tokenizing it again.
 
 The account is what the reader emitted besides documents: its counts, its line count (JSONL)
-and its rejected lines, with the place of each batch it emitted. It is written after the
+and its rejected lines, with the place of each batch it emitted, and the stored bytes it was
+read from (their spans and sha256: inputs.StoredBytes), which a rerun reads again before it
+trusts the unit (pipeline/resume.py). It is written after the
 unit's last output, and names the batches it expects; the tokenize step stages those
 (transforms/tokenize/staged.py). A unit is reused only when its account and every batch it
 names are staged, so the account may land before or after its batches, whichever way the
@@ -25,6 +27,7 @@ class StagedReader(beam.DoFn):
 
     def setup(self):
         self._reader.setup()
+        self._reader.record_stored = True  # each unit's stored bytes: a rerun checks them
 
     def start_bundle(self):
         self._reader.start_bundle()
@@ -41,6 +44,8 @@ class StagedReader(beam.DoFn):
             elif out.tag == COUNTS:
                 account["counts"] = dict(out.value)
             yield out
+        stored = self._reader.last_stored
+        account["stored"] = stored.describe() if stored is not None else None
         self._area.put_unit(self._area.unit_of(unit.file.key, unit_start(unit)), account)
 
     def finish_bundle(self):

@@ -51,7 +51,12 @@ class _ArrayCache:
         if (split, name) not in self._writers:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(max(4, cores.share()), thread_name_prefix="flat-tokens-write")
-            self._writers[split, name] = store.array_writer(self._target, split, name, self._pool)
+            writer = store.array_writer(self._target, split, name, self._pool)
+            # Checked after the writer noted its array's identity: so that identity is of the
+            # array this run owned, not of one a run that took the output over made since.
+            t = self._target
+            ownership.check_owner(t.url, t.run_id, t.storage_options, doing=f"opening {split}/{name}")
+            self._writers[split, name] = writer
         return self._writers[split, name]
 
     def close(self):
@@ -128,7 +133,7 @@ class WriteOwnedChunks(beam.DoFn):
         record = {"split": shard.split, "shard": shard.shard, "tokens": n_tokens, "sequences": n_seqs,
                   "max_token_id": split.max_token_id, "receipts": [], "fragments": []}
         self._pending = (what, futures, lease, record)
-        for out in self._write(shard.split, pieces, futures):
+        for out in self._write(shard.split, pieces, lease, futures):
             if isinstance(out, beam.pvalue.TaggedOutput):
                 record["fragments"].append(out.value)
             else:
@@ -156,21 +161,24 @@ class WriteOwnedChunks(beam.DoFn):
                 fragments = record.pop("fragments")
                 # What landed, for a rerun to check before it trusts these chunks.
                 record["objects"] = [[key, *summed.to_json()] for key, summed in (f.result() for f in futures)]
-                self._area.put_shard(record["split"], record["shard"], record, fragments)
+                self._area.put_shard(record["split"], record["shard"], record, fragments, lease)
         finally:
             ownership.confirm_written(t.url, t.run_id, what, t.storage_options, lease)
         if not failed_bundle:
             for written in futures:
                 written.result()
 
-    def _write(self, split, pieces, futures: list | None = None):
+    def _write(self, split, pieces, lease, futures: list | None = None):
         """Writes the pieces' owned chunks: before returning, or (given `futures`) on the
-        pool, adding each chunk's future to `futures`. The caller holds a lease (it checked
+        pool, adding each chunk's future to `futures`. The caller holds `lease` (it checked
         the claim) and confirms the writes once they have landed."""
         t = self._target
         for name, start, values, length in pieces:
             array = self._arrays.get(split, name)
-            put = array.write if futures is None else lambda a, v, array=array: futures.extend(array.submit(a, v))
+            if futures is None:
+                put = lambda a, v, array=array: array.write(a, v, lease)  # noqa: E731
+            else:
+                put = lambda a, v, array=array: futures.extend(array.submit(a, v, lease))  # noqa: E731
             for kind, item in write_region(put, start, values, t.write_block(name), length, split, name):
                 if kind == "receipt":
                     counter(CHUNKS_WRITTEN).inc(item[2])
@@ -187,8 +195,9 @@ class WriteEndMarkers(WriteOwnedChunks):
         for split in SPLITS:
             total = layout[split]
             marker = np.array([total.tokens], dtype=np.uint64)
-            with ownership.fenced(t.url, t.run_id, f"{split}'s end marker", t.storage_options):
-                written = list(self._write(split, ((SEQ_STARTS, total.sequences, marker, total.sequences + 1),)))
+            with ownership.fenced(t.url, t.run_id, f"{split}'s end marker", t.storage_options) as lease:
+                written = list(self._write(split, ((SEQ_STARTS, total.sequences, marker, total.sequences + 1),),
+                                           lease))
             yield from written
 
 
@@ -222,10 +231,10 @@ class WriteSharedChunks(beam.DoFn):
             raise RuntimeError(f"{split}/{name} chunk {index}: pieces cover [{a}, {position}), expected [{a}, {b})")
         if (split, name, index) not in self._written:
             t = self._target
-            with ownership.fenced(t.url, t.run_id, f"{split}/{name} chunk {index}", t.storage_options):
-                written = self._arrays.get(split, name).write(a, np.concatenate([v for _, v in fragments]))
+            with ownership.fenced(t.url, t.run_id, f"{split}/{name} chunk {index}", t.storage_options) as lease:
+                written = self._arrays.get(split, name).write(a, np.concatenate([v for _, v in fragments]), lease)
                 if self._area is not None:  # in the lease, as a shard's record; with what landed
-                    self._area.put_chunk(split, name, index, written)
+                    self._area.put_chunk(split, name, index, written, lease)
             counter(CHUNKS_WRITTEN).inc()
         yield split, name, 1
 

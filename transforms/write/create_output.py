@@ -3,6 +3,7 @@ creates every array at its final shape before any writer starts; or, resuming an
 output of the same job, keeps the arrays and the chunks already written."""
 import apache_beam as beam
 
+from transforms import create_only
 from transforms.write import ownership, rejected
 from transforms.write import zarr_store as store
 from transforms.write.zarr_store import SPLITS, StoreTarget
@@ -53,12 +54,14 @@ class CreateOutput(beam.DoFn):
                                         before_removing=before_removing, resumable=self._resumable,
                                         also_ours=self._also_ours)
         rejected.clear_reports(self._rejected_url, replaced, t.storage_options)
-        with ownership.fenced(t.url, t.run_id, "its arrays", t.storage_options):
+        leftovers = store.unfinished_commit(t) if self._keep_arrays else []  # listed before the lease's check
+        with ownership.fenced(t.url, t.run_id, "its arrays", t.storage_options) as lease:
+            create_only.delete_listed(store.filesystem(t.url, t.storage_options)[0], leftovers)
             for split in SPLITS:
                 make = store.keep_split if self._keep_arrays else store.create_split
-                make(t, split, layout[split].tokens, layout[split].sequences)
+                make(t, split, layout[split].tokens, layout[split].sequences, lease)
             if area is not None and not self._keep_arrays:
-                area.mark_arrays()
+                area.mark_arrays(lease)
         yield True
 
     def _check_still_this_jobs(self):

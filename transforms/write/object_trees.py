@@ -10,6 +10,8 @@ directory is walked entry by entry. Other filesystems use fsspec's own calls.
 """
 import os
 
+from transforms import create_only
+
 PAGE = 1000  # objects per listing page: GCS's maximum
 
 
@@ -52,12 +54,17 @@ def gcs_entries(fs, path: str, fields: str = "name,size,crc32c", page: int = PAG
             yield f"{bucket}/{item['name']}", item
 
 
-def walk_tree(fs, path: str, page: int = PAGE):
+def walk_tree(fs, path: str, page: int = PAGE, identities: bool = False):
     """Yields what is under directory `path` as pages (lists of at most about `page`) of
     (path relative to it, is a directory), a directory always before what it holds. Nothing
     when `path` does not exist. GCS has no directories: each object's parent prefixes are
     yielded as directories the first time one of them is seen (their number is small: a
-    split holds an array's `c/` and little else)."""
+    split holds an array's `c/` and little else). With `identities`, each entry also holds
+    the object's identity as listed (transforms/create_only.py; None for a directory), so
+    that it can be deleted only while it is still that object."""
+    if identities:
+        yield from _walk_with_identities(fs, path, page)
+        return
     if _is_gcs(fs):
         seen = set()
         for bucket, items in _gcs_pages(fs, path, "name", page):
@@ -89,6 +96,29 @@ def walk_tree(fs, path: str, page: int = PAGE):
                      for p, info in found.items() if p.rstrip("/").startswith(path.rstrip("/") + "/"))
     for i in range(0, len(entries), page):
         yield entries[i:i + page]
+
+
+def _walk_with_identities(fs, path: str, page: int):
+    if _is_gcs(fs):
+        base = len(fs.split_path(path)[1].rstrip("/")) + 1
+        seen = set()
+        for _, items in _gcs_pages(fs, path, "name,generation", page):
+            entries = []
+            for item in items:
+                relative = item["name"][base:]
+                parts = relative.rstrip("/").split("/")
+                for depth in range(1, len(parts) + relative.endswith("/")):
+                    directory = "/".join(parts[:depth])
+                    if directory not in seen:
+                        seen.add(directory)
+                        entries.append((directory, True, None))
+                if not relative.endswith("/"):
+                    entries.append((relative, False, ("generation", str(item.get("generation")))))
+            yield entries
+        return
+    for entries in walk_tree(fs, path, page):
+        yield [(relative, is_dir, None if is_dir else create_only.identity(fs, f"{path.rstrip('/')}/{relative}"))
+               for relative, is_dir in entries]
 
 
 def _local_pages(path: str, page: int):

@@ -26,11 +26,20 @@ claiming it and before deleting anything, until the other runs' leases are gone:
 writes have landed, and any write they start later fails its check before. So the
 newcomer's takeover never races the old run's last writes. A lease whose process is seen
 dead (same machine: transforms/processes.py) is broken at once, any other after
-LEASE_PATIENCE_S. Deleting a lease is what decides: a run that finds, after writing, that
-another run took the output over and that its own lease was broken (its write may have
-landed after the newcomer went on) leaves a conflict record
-`OUTPUT/.flat-tokens-conflict.<run id>`: no commit publishes an output holding one, and
-`verify` rejects it.
+LEASE_PATIENCE_S (or $FLAT_TOKENS_LEASE_PATIENCE_S). Deleting a lease is what decides.
+
+Fencing. A write whose lease was broken (a stopped process, a Dataflow "zombie" worker)
+may still land after the newcomer went on. It cannot change the newcomer's objects: every
+write is create-only (transforms/create_only.py), so it fails where the newcomer wrote, and
+can only create objects that are absent. When such a run confirms its write and finds that
+it lost the output with its lease broken, it takes back exactly the objects that write
+created (by identity: never one another writer has made its own since), unless the arrays
+it wrote into are still the ones it opened (a resumed run of the same job kept them: its
+bytes are that run's bytes). It then stops: "this run lost the output". Only when it cannot
+take one back does it leave a conflict record `OUTPUT/.flat-tokens-conflict.<run id>`; a run
+that finds other bytes where it writes while it owns the output leaves one too. No commit
+publishes an output holding a conflict record, and the reader, `verify` and `export`
+refuse one (`refusals`).
 """
 import importlib.metadata
 import json
@@ -45,7 +54,7 @@ from dataclasses import dataclass
 
 from fsspec.core import url_to_fs
 
-from transforms import processes
+from transforms import create_only, processes
 from transforms.write.chunk_objects import ChunkObjects, chunk_objects
 from transforms.write.object_trees import remove_tree, walk_tree
 
@@ -64,7 +73,9 @@ DATASET_ENTRIES = frozenset(SPLITS + ROOT_METADATA)
 # How long a run taking an output over waits for another run's write in flight, unless that
 # run's process is seen dead: far longer than writing one shard's chunks (and sorting the
 # next shard, which the writer does before it confirms them) or one batch of deletions.
+# $FLAT_TOKENS_LEASE_PATIENCE_S sets another (an operator who knows the old job is gone, a test).
 LEASE_PATIENCE_S = 600.0
+LEASE_PATIENCE_VARIABLE = "FLAT_TOKENS_LEASE_PATIENCE_S"
 DELETE_BATCH = 1000  # objects deleted per fenced step when a run removes what it replaces
 PACKAGE_NAME = "flat-tokens-beam"
 SPLIT_RUN_ATTRIBUTE = "flat_tokens_run"
@@ -415,7 +426,7 @@ def check_owner(url: str, run_id: str, storage_options: dict | None = None, doin
     if holder != run_id:
         who = f"run {holder}" if holder else "another run"
         raise OutputTaken(f"--output {url}: {who} took it over (claim {generation}) while this run ({run_id}) was "
-                          f"{doing}; this run stops and leaves that run's data alone")
+                          f"{doing}; this run lost the output and stops, leaving that run's data alone")
 
 
 def record_conflict(url: str, run_id: str, message: str, storage_options: dict | None = None) -> None:
@@ -427,6 +438,26 @@ def conflicts(url: str, storage_options: dict | None = None) -> list[str]:
     """The conflict records at the output: each means another run may have written into it."""
     fs, path = split_url(url, storage_options)
     return [n for n, _ in _names(fs, path) if n.startswith(CONFLICT_PREFIX)]
+
+
+def refusals(url: str, committed_by: str, storage_options: dict | None = None) -> list[str]:
+    """Why a committed dataset (committed by run `committed_by`) must not be read: conflict
+    records (another run may have written into it), or a newer claim than its run's (a run
+    that lost the output committed in another's; or a run replacing it has begun). Empty
+    when it may be read. One listing of the output's top level."""
+    fs, path = split_url(url, storage_options)
+    names = _names(fs, path)
+    fs.invalidate_cache(path)  # a reader keeps its filesystem: no listing of ours may answer its later looks
+    found = [f"conflict record {n}: another run may have written into this output while it was being written; "
+             f"rerun with --overwrite" for n, _ in names if n.startswith(CONFLICT_PREFIX)]
+    generations = _claims(names)
+    if generations and committed_by:
+        holder = (_read_json(fs, f"{path}/{CLAIM_PREFIX}{generations[-1]}") or {}).get("run_id")
+        if holder and holder != committed_by:
+            found.append(f"run {holder} holds the output's newest claim ({CLAIM_PREFIX}{generations[-1]}), not run "
+                         f"{committed_by}, which committed this dataset: it is being replaced, or run {committed_by} "
+                         f"lost the output before it committed; rerun with --overwrite")
+    return found
 
 
 def _log():
@@ -446,10 +477,18 @@ def is_lease_of(name: str, run_id: str) -> bool:
     return name.startswith(f"{LEASE_PREFIX}{run_id}.")
 
 
-def begin_write(url: str, run_id: str, what: str, storage_options: dict | None = None) -> str:
+@dataclass
+class Lease:
+    """One write in flight: its lease object, and what it did to storage (create_only.Ledger)."""
+
+    path: str
+    ledger: create_only.Ledger
+
+
+def begin_write(url: str, run_id: str, what: str, storage_options: dict | None = None) -> Lease:
     """The first half of `fenced`: takes a lease for one write, then checks the claim.
-    Returns the lease's path, for `confirm_written`. The lease is created first, so a run
-    that claims the output after this check passed is bound to see it and wait."""
+    Returns the Lease, for the write's puts and `confirm_written`. The lease is created
+    first, so a run that claims the output after this check passed is bound to see it and wait."""
     fs, path = split_url(url, storage_options)
     lease = f"{path}/{LEASE_PREFIX}{run_id}.{uuid.uuid4().hex}"
     fs.pipe_file(lease, json.dumps({"run_id": run_id, "what": what, "process": processes.this_process(),
@@ -459,52 +498,118 @@ def begin_write(url: str, run_id: str, what: str, storage_options: dict | None =
     except BaseException:
         _remove_if_present(fs, lease)
         raise
-    return lease
+    return Lease(lease, create_only.Ledger())
 
 
 @contextmanager
 def fenced(url: str, run_id: str, what: str, storage_options: dict | None = None):
-    """Holds a lease and checks the claim before and after a write (see the module's doc).
-    A write that may have landed after another run went on without waiting for it is
-    recorded as a conflict, so that output is never published."""
+    """Holds a lease and checks the claim before and after a write (see the module's doc);
+    yields the Lease, whose ledger the write's create-only puts fill."""
     lease = begin_write(url, run_id, what, storage_options)
     try:
-        yield
+        yield lease
     finally:  # a failed write may have landed in part: it is confirmed like any other
         confirm_written(url, run_id, what, storage_options, lease)
 
 
-def confirm_written(url: str, run_id: str, what: str, storage_options: dict | None = None, lease: str | None = None):
+def confirm_written(url: str, run_id: str, what: str, storage_options: dict | None = None,
+                    lease: Lease | None = None):
     """The second half of `fenced`, for writes that finish later than they start: once they
-    have landed, checks the claim and gives the lease back. When another run took the
-    output over: if it was still waiting for this lease, the write landed first and harms
-    nothing (OutputTaken with `landed_first`); if not (no lease, or it was broken), the
-    write may have landed in that run's output: a conflict record is left there."""
+    have landed, checks the claim and gives the lease back.
+
+    Still the owner: objects the write found with its own bytes are made its own
+    (create_only.adopt); other bytes where it wrote are a conflict (recorded at the output;
+    OutputError). Another run took the output over: if it was still waiting for this lease,
+    the write landed first and harms nothing (OutputTaken with `landed_first`); if not, the
+    write takes back what it created (`_lost`) and raises OutputTaken."""
     fs, _ = split_url(url, storage_options)
+    ledger = lease.ledger if lease is not None else None
     try:
         check_owner(url, run_id, storage_options, doing=f"writing {what}")
     except OutputTaken as e:
-        if lease is not None and _remove_if_present(fs, lease):
+        if lease is not None and _remove_if_present(fs, lease.path):
             raise OutputTaken(str(e), landed_first=True) from None
-        record_conflict(url, run_id, f"{what} of run {run_id} may have been written after the takeover: {e}",
-                        storage_options)
-        raise OutputTaken(f"{e}; {what} may have landed in that run's output, so a conflict record was left "
-                          f"there and it will not verify: rerun with --overwrite") from None
+        _lost(url, run_id, what, storage_options, ledger, e)
     except BaseException:
         if lease is not None:
-            _remove_if_present(fs, lease)
+            _remove_if_present(fs, lease.path)
         raise
-    if lease is not None:
-        _remove_if_present(fs, lease)
+    if ledger is not None:
+        try:
+            for path, (found, data) in list(ledger.found.items()):
+                create_only.adopt(fs, path, data, found, ledger)
+        except create_only.ObjectConflict as e:
+            ledger.conflict(e.path)
+        if ledger.conflicts:
+            _remove_if_present(fs, lease.path)
+            names = listing(sorted(set(ledger.conflicts)))
+            message = (f"--output {url}: {names}: another object (other bytes) was already where this run "
+                       f"({run_id}) wrote {what}; another run wrote into this output. Nothing was replaced; a "
+                       f"conflict record was left so that this output is never resumed or read: rerun with "
+                       f"--overwrite")
+            record_conflict(url, run_id, message, storage_options)
+            raise OutputError(message)
+    if lease is not None and not _remove_if_present(fs, lease.path):
+        # Broken since the check above (the newcomer stopped waiting): lost after all.
+        try:
+            check_owner(url, run_id, storage_options, doing=f"writing {what}")
+            taken = OutputTaken(f"--output {url}: the lease of this run's ({run_id}) write of {what} was broken by "
+                                f"a run taking the output over; this run lost the output and stops")
+        except OutputTaken as e:
+            taken = e
+        _lost(url, run_id, what, storage_options, ledger, taken)
+
+
+def _lost(url: str, run_id: str, what: str, storage_options: dict | None, ledger, taken: OutputTaken):
+    """This run lost the output, and the newcomer went on without waiting for this write: it
+    takes back the objects the write created (they may lie in the newcomer's output), unless
+    the arrays it wrote into are still those it opened (then the newcomer kept them: the
+    same job, the same bytes). Raises OutputTaken; leaves a conflict record only when an
+    object could not be taken back."""
+    fs, _ = split_url(url, storage_options)
+    if ledger is None or not ledger.created:
+        raise OutputTaken(f"{taken}; its write of {what} had created nothing there") from None
+    if ledger.arrays_unchanged(fs):
+        raise OutputTaken(f"{taken}; {what} landed in the arrays that run kept (the same job: the same "
+                          f"bytes)") from None
+    left, taken_back = [], 0
+    for path, created in sorted(ledger.created.items()):
+        try:
+            taken_back += create_only.take_back(fs, path, created)
+        except Exception:  # noqa: BLE001 - whatever failed, the object may still be there
+            left.append(path)
+    if left:
+        record_conflict(url, run_id, f"{what} of run {run_id} may have been written after the takeover, and "
+                        f"{listing(left)} could not be taken back: {taken}", storage_options)
+        raise OutputTaken(f"{taken}; {what} may have landed in that run's output and {listing(left)} could not be "
+                          f"taken back, so a conflict record was left there and it will not be read: rerun with "
+                          f"--overwrite") from None
+    raise OutputTaken(f"{taken}; of the {len(ledger.created)} object(s) its write of {what} created, the "
+                      f"{taken_back} still there were taken back") from None
+
+
+def lease_patience() -> float:
+    """LEASE_PATIENCE_S, or $FLAT_TOKENS_LEASE_PATIENCE_S when it is set."""
+    value = os.environ.get(LEASE_PATIENCE_VARIABLE, "").strip()
+    if not value:
+        return LEASE_PATIENCE_S
+    try:
+        patience = float(value)
+    except ValueError:
+        raise OutputError(f"${LEASE_PATIENCE_VARIABLE}={value}: not a number of seconds") from None
+    if not patience >= 0:
+        raise OutputError(f"${LEASE_PATIENCE_VARIABLE}={value}: must be >= 0 seconds")
+    return patience
 
 
 def wait_for_writers(url: str, run_id: str, storage_options: dict | None = None,
-                     patience: float = LEASE_PATIENCE_S) -> None:
+                     patience: float | None = None) -> None:
     """Called by a run that has just claimed the output, before it deletes anything: waits
     until no other run holds a lease there. Such a write passed its check before this run's
     claim existed, and will land; any write started later fails its check. A lease of a
     process seen dead on this machine is broken at once, any other after `patience`
-    seconds (that run, if alive, then leaves a conflict record when its write lands)."""
+    seconds (lease_patience(): that run, if alive, then takes back what it writes later)."""
+    patience = lease_patience() if patience is None else patience
     fs, path = split_url(url, storage_options)
     first_seen: dict[str, float] = {}
     pause = 0.05
@@ -540,8 +645,8 @@ def wait_for_writers(url: str, run_id: str, storage_options: dict | None = None,
                                url, holder, patience)
             if now - first_seen[name] >= patience and _remove_if_present(fs, f"{path}/{name}"):
                 _log().warning("flat-tokens: --output %s: %s has not landed after %.0f s; going on without it "
-                               "(should it land later, that run leaves a conflict record and this output will not "
-                               "commit)", url, holder, patience)
+                               "(should it land later, it cannot replace this run's objects, and that run takes "
+                               "back what it created)", url, holder, patience)
         time.sleep(pause)
         pause = min(1.0, pause * 2)
 
@@ -554,38 +659,51 @@ def release_claim(url: str, run_id: str, generation: int, storage_options: dict 
         _remove_if_present(fs, name)
 
 
-def _delete_fenced(url: str, run_id: str, split: str, fs, paths: list[str], storage_options: dict | None) -> None:
+def _delete_fenced(url: str, run_id: str, split: str, fs, listed: list[tuple[str, tuple]],
+                   storage_options: dict | None) -> None:
+    """Deletes objects as listed (path, identity), in a lease: each only while it is still the
+    object listed, so a deletion stalled past a takeover cannot delete the newcomer's objects."""
     with fenced(url, run_id, f"the deletion of the replaced {split}/", storage_options):
-        try:
-            fs.rm(paths)  # gcsfs deletes a list in batch requests
-        except FileNotFoundError:  # an earlier attempt of this step got part of it
-            for p in paths:
-                _remove_if_present(fs, p)
+        create_only.delete_listed(fs, listed)
+
+
+def _listed(fs, paths) -> list[tuple[str, tuple]]:
+    """(path, identity) of each of `paths` that is there now."""
+    return [(p, ident) for p in paths for ident in [create_only.identity(fs, p)] if ident is not None]
 
 
 def _delete_split(url: str, run_id: str, split: str, storage_options: dict | None) -> None:
     """Deletes what the layout wrote in one split's directory, in fenced batches (each
-    checks the claim before and after), data before metadata, so a deletion stopped midway
-    still leaves metadata that names its data. Anything else is left there and refused."""
+    checks the claim before and after), each object only while it is the one listed. The
+    metadata goes first: a run that lost the output and whose write lands after this
+    deletion listed its objects then finds its arrays replaced, and takes that write back
+    (see the module's doc); without metadata the layout's names are still recognised as ours
+    (written_by_layout). Anything else is left there and refused."""
     fs, path = split_url(url, storage_options)
     base = f"{path}/{split}"
     layouts = _array_layouts(fs, base)
-    metadata, directories = [], []  # deleted last: a deletion stopped midway leaves metadata naming its data
-    for entries in _tree(fs, base):
+    # Identities are read before each batch's lease checks the claim: so they are of objects
+    # that were there while this run owned the output, never of objects a newcomer wrote since.
+    _delete_fenced(url, run_id, split, fs, _listed(fs, [f"{base}/{name}" for name in ROOT_METADATA]
+                                                   + [f"{base}/{array}/{name}" for array in ARRAYS
+                                                      for name in ARRAY_METADATA]), storage_options)
+    metadata, directories = [], []  # any written again since: deleted last
+    fs.invalidate_cache(base)
+    for entries in walk_tree(fs, base, identities=True):
         data = []
-        for relative, is_dir in entries:
+        for relative, is_dir, ident in entries:
             if not written_by_layout(relative, is_dir, layouts):
                 continue
             if is_dir:
                 directories.append(relative)
             elif posixpath.basename(relative) in ARRAY_METADATA + ROOT_METADATA:
-                metadata.append(relative)
+                metadata.append((f"{base}/{relative}", ident))
             else:
-                data.append(relative)
+                data.append((f"{base}/{relative}", ident))
         for i in range(0, len(data), DELETE_BATCH):
-            _delete_fenced(url, run_id, split, fs, [f"{base}/{r}" for r in data[i:i + DELETE_BATCH]], storage_options)
+            _delete_fenced(url, run_id, split, fs, data[i:i + DELETE_BATCH], storage_options)
     if metadata:
-        _delete_fenced(url, run_id, split, fs, [f"{base}/{r}" for r in metadata], storage_options)
+        _delete_fenced(url, run_id, split, fs, metadata, storage_options)
     if _is_local(fs):  # object stores have no directories to remove
         for relative in sorted(directories, key=lambda r: -r.count("/")) + [""]:
             try:
@@ -631,12 +749,15 @@ def remove_replaced(url: str, run_id: str, storage_options: dict | None = None,
         if is_dir and name in SPLITS:
             _delete_split(url, run_id, name, storage_options)
             continue
+        # Its identity is read before the lease's check: it is then of an object that was there
+        # while this run owned the output, never of one a newcomer wrote since.
+        listed = [] if is_dir else _listed(fs, [f"{path}/{name}"])
         with fenced(url, run_id, "the deletion of the replaced output", storage_options):
             try:
-                if is_dir:
-                    remove_tree(fs, f"{path}/{name}")  # page by page: it may hold many objects
-                else:
-                    fs.rm(f"{path}/{name}")
+                if is_dir:  # names no other run writes (its run id is in them): page by page
+                    remove_tree(fs, f"{path}/{name}")
+                else:  # root metadata (a newcomer writes its own there), claims, leases, records
+                    create_only.delete_listed(fs, listed)
             except FileNotFoundError:  # another attempt of this step removed it already
                 pass
     fs.invalidate_cache(path)

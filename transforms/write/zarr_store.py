@@ -1,12 +1,15 @@
 """The output zarr group: where it lives, how its arrays are created, and how it is committed.
 
-The commit protocol: each split (`OUTPUT/train`, `OUTPUT/validation`) is created as the root
-of its own store, so creating its arrays writes no metadata at `OUTPUT` itself. The root
-group's metadata (`.zgroup`/`.zattrs`, or `zarr.json`) is written last, with the provenance
-and `"complete": true`. Until then zarr cannot open `OUTPUT` as a group and
-`pipeline.verify` reports an unfinished run. Before any of this, the run claims the output
+The commit protocol: each split's arrays (`OUTPUT/train/encoded_tokens`, ...) are created
+first, with no group metadata above them. The commit writes each split's group metadata,
+then the root group's (`.zattrs`/`.zgroup`, or `zarr.json`), last, with the provenance and
+`"complete": true`. Every object is created once and never updated: each is stored
+create-only (transforms/create_only.py), so a run that lost the output cannot replace it.
+Until the root metadata is there, zarr cannot open `OUTPUT` as a group and `pipeline.verify`
+reports an unfinished run. Before any of this, the run claims the output
 (`transforms/write/ownership.py`): only this tool's own output is ever replaced.
 """
+import json
 import logging
 import os
 import posixpath
@@ -17,8 +20,9 @@ import numcodecs
 import numpy as np
 import zarr
 from fsspec.core import url_to_fs
-from zarr.storage import WrapperStore
+from zarr.core.buffer import default_buffer_prototype
 
+from transforms import create_only
 from transforms.checksums import Sum
 from transforms.gcs import close_gcs_sessions_at_exit
 from transforms.write import chunk_checksums, ownership
@@ -212,41 +216,69 @@ def check_writable(target: StoreTarget) -> None:
                           f"choose a writable location") from None
 
 
-def create_split(target: StoreTarget, split: str, tokens: int, sequences: int) -> None:
-    """Creates one split's group and arrays at their final shapes, before any data is written."""
-    store = make_store(child_url(target.url, split), target.storage_options)
-    # Not overwrite=True: that would delete whatever is in the split's directory, and the
-    # replaced output was removed object by object, leaving alone what this tool did not write.
-    group = zarr.create_group(store=store, zarr_format=target.zarr_format,
-                              attributes={RUN_ATTRIBUTE: target.run_id})
-    dtypes = {TOKENS: "uint32", SEQ_STARTS: "uint64", SEQ_SOURCES: "uint16"}
-    for name in target.arrays():
-        length, dtype = array_length(name, tokens, sequences), dtypes[name]
-        size = np.dtype(dtype).itemsize
-        chunk = target.chunk(name)
-        group.create_array(
-            name, shape=(length,), dtype=dtype, fill_value=0,
-            chunks=(chunk,),
-            shards=(target.write_block(name),) if target.chunks_per_shard and target.zarr_format == 3 else None,
-            **_codecs(target, size),
-            # Every chunk is written, even all-zero ones: the commit counts written chunks.
-            config={"write_empty_chunks": True},
-        )
+def _objects_of(build) -> dict[str, bytes]:
+    """The objects zarr writes for what `build(store)` creates, built in memory: each is then
+    stored create-only (transforms/create_only.py), which zarr's own stores cannot do."""
+    built = {}
+    build(zarr.storage.MemoryStore(store_dict=built))
+    return {key: value.to_bytes() for key, value in sorted(built.items())}
 
 
-def keep_split(target: StoreTarget, split: str, tokens: int, sequences: int) -> None:
+def put_objects(target: StoreTarget, objects: dict[str, bytes], lease: ownership.Lease | None) -> None:
+    """Stores objects (paths relative to the output) create-only, in order, in the write's lease."""
+    fs, root = filesystem(target.url, target.storage_options)
+    for relative, data in objects.items():
+        create_only.put_new(fs, f"{root.rstrip('/')}/{relative}", data, lease.ledger if lease else None)
+
+
+def create_split(target: StoreTarget, split: str, tokens: int, sequences: int,
+                 lease: ownership.Lease | None = None) -> None:
+    """Creates one split's arrays at their final shapes, before any data is written. The
+    split's group metadata is written by the commit (with its attributes, create-only), so
+    nothing made here is ever updated."""
+    def build(store):
+        group = zarr.create_group(store=store, zarr_format=target.zarr_format)
+        dtypes = {TOKENS: "uint32", SEQ_STARTS: "uint64", SEQ_SOURCES: "uint16"}
+        for name in target.arrays():
+            length, dtype = array_length(name, tokens, sequences), dtypes[name]
+            size = np.dtype(dtype).itemsize
+            chunk = target.chunk(name)
+            group.create_array(
+                name, shape=(length,), dtype=dtype, fill_value=0,
+                chunks=(chunk,),
+                shards=(target.write_block(name),) if target.chunks_per_shard and target.zarr_format == 3 else None,
+                **_codecs(target, size),
+                # Every chunk is written, even all-zero ones: the commit counts written chunks.
+                config={"write_empty_chunks": True},
+            )
+    arrays = {f"{split}/{key}": data for key, data in _objects_of(build).items() if "/" in key}
+    put_objects(target, arrays, lease)
+
+
+def keep_split(target: StoreTarget, split: str, tokens: int, sequences: int,
+               lease: ownership.Lease | None = None) -> None:
     """A resumed run's split: the arrays an earlier attempt of the same job created, and the
-    chunks it wrote, stay; their shapes are checked, and the group's run attribute becomes
-    this run's."""
-    store = make_store(child_url(target.url, split), target.storage_options)
-    group = zarr.open_group(store=store, mode="r+", zarr_format=target.zarr_format)
+    chunks it wrote, stay; their shapes are checked."""
     for name in target.arrays():
         length = array_length(name, tokens, sequences)
-        shape = group[name].shape
+        shape = open_array(target, split, name).shape
         if shape != (length,):
             raise RuntimeError(f"{target.url}/{split}/{name}: has shape {shape}, this job lays out ({length},); "
                                f"the staging area does not describe these arrays: rerun with --restart")
-    group.attrs.update({RUN_ATTRIBUTE: target.run_id})
+
+
+def unfinished_commit(target: StoreTarget) -> list[tuple[str, tuple]]:
+    """The split group metadata an earlier attempt's commit left when it was killed midway,
+    as listed (path, identity): a resumed run deletes it before the commit writes its own."""
+    fs, root = filesystem(target.url, target.storage_options)
+    found = []
+    for split in SPLITS:
+        for name in ROOT_METADATA:
+            path = f"{root.rstrip('/')}/{split}/{name}"
+            ident = create_only.identity(fs, path)
+            if ident is not None:
+                found.append((path, ident))
+    return found
 
 
 def open_array(target: StoreTarget, split: str, name: str):
@@ -258,22 +290,31 @@ def open_array(target: StoreTarget, split: str, name: str):
     return array.with_config({"write_empty_chunks": True})
 
 
+def metadata_path(target: StoreTarget, split: str, name: str) -> str:
+    """Where an array's metadata object is: its identity tells whether the array was replaced."""
+    _, root = filesystem(child_url(target.url, split), target.storage_options)
+    return posixpath.join(root, name, ".zarray" if target.zarr_format == 2 else "zarr.json")
+
+
 class ChunkWriter:
     """Writes whole chunks of one zarr v2 array straight to storage: each chunk is encoded
     with the array's own filters and compressor, sealed with its checksum
     (transforms/write/chunk_checksums.py: with zstd, a skippable frame holding the frame's
     CRC-32C after it), and stored under the array's own key, chunks in parallel on a
-    thread pool. Any zarr and numcodecs decodes the bytes to the values zarr's own write
-    would give (a test compares them), without zarr's per-chunk path (selection, merge,
-    emptiness check, event loop), which measured about a third of the cost of writing.
-    Encoding a chunk depends only on its values, so a retried write stores the same bytes."""
+    thread pool, each create-only (transforms/create_only.py) in the lease of the write.
+    Any zarr and numcodecs decodes the bytes to the values zarr's own write would give (a
+    test compares them), without zarr's per-chunk path (selection, merge, emptiness check,
+    event loop), which measured about a third of the cost of writing. Encoding a chunk
+    depends only on its values, so a retried write stores the same bytes."""
 
     def __init__(self, target: StoreTarget, split: str, name: str, pool):
+        self._fs, root = filesystem(child_url(target.url, split), target.storage_options)
+        self.metadata = metadata_path(target, split, name)
+        self.identity = create_only.identity(self._fs, self.metadata)  # before the array is opened
         array = open_array(target, split, name)
         meta = array.metadata
         if target.zarr_format != 2 or meta.order != "C" or len(meta.shape) != 1:
             raise ValueError(f"{split}/{name}: not a plain 1-D zarr v2 array")
-        self._fs, root = filesystem(child_url(target.url, split), target.storage_options)
         self._name = name
         self._prefix = posixpath.join(root, name)
         self._meta = meta
@@ -288,33 +329,37 @@ class ChunkWriter:
             raise ValueError(f"{split}/{name}: not a plain zstd zarr v2 array")
         self._pool = pool
 
-    def write(self, start: int, values) -> list[tuple[str, Sum]]:
+    def write(self, start: int, values, lease: ownership.Lease | None = None) -> list[tuple[str, Sum]]:
         """Writes `values` at [start, start + len(values)): whole chunks, or the array's last
         chunk up to the array's end. `values`: an array, or anything that slices into parts
         numpy can turn into arrays (records.EncodedTokens). Returns each chunk object written
         (its key under the split, as `_write_chunk` gives it) with its Sum."""
-        submitted = self.submit(start, values)
+        submitted = self.submit(start, values, lease)
         wait(submitted)  # every chunk settled before any error is raised: none lands later
         return [written.result() for written in submitted]
 
-    def submit(self, start: int, values) -> list[Future]:
+    def submit(self, start: int, values, lease: ownership.Lease | None = None) -> list[Future]:
         """As `write`, but returns at once: each chunk's write is a future on the pool, whose
         result is (key, Sum)."""
         stop = start + values.size
         if start % self._chunk or (stop % self._chunk and stop != self._length):
             raise ValueError(f"[{start}, {stop}) is not made of whole chunks of {self._chunk}")
+        ledger = lease.ledger if lease is not None else None
+        if ledger is not None:
+            ledger.wrote_into(self.metadata, self.identity)
         first, last = start // self._chunk, -(-stop // self._chunk)
         submitted = []
         try:
             for i in range(first, last):
                 submitted.append(self._pool.submit(self._write_chunk, i,
-                                                   values[i * self._chunk - start:(i + 1) * self._chunk - start]))
+                                                   values[i * self._chunk - start:(i + 1) * self._chunk - start],
+                                                   ledger))
         except BaseException:  # the pool was shut down (a teardown): what it took lands before this raises
             wait(submitted)
             raise
         return submitted
 
-    def _write_chunk(self, index: int, values) -> tuple[str, Sum]:
+    def _write_chunk(self, index: int, values, ledger) -> tuple[str, Sum]:
         data = np.ascontiguousarray(values, dtype=self._dtype)
         if data.size < self._chunk:  # zarr v2 stores the last chunk at full size, padded with the fill value
             fill = 0 if self._meta.fill_value is None else self._meta.fill_value
@@ -330,50 +375,48 @@ class ChunkWriter:
             encoded = bytes(encoded)
             summed = Sum.of(encoded)
         key = self._meta.encode_chunk_key((index,))
-        self._fs.pipe_file(posixpath.join(self._prefix, key), encoded)
+        create_only.put_new(self._fs, posixpath.join(self._prefix, key), encoded, ledger)
         return f"{self._name}/{key}", summed
 
 
-class _SummingStore(WrapperStore):
-    """A store that remembers the Sum of every object zarr writes through it (by key), for
-    the writer to report: zarr 3 encodes those objects itself (sharding, its codecs)."""
-
-    def __init__(self, store, sums: dict | None = None):
-        super().__init__(store)
-        self.sums = {} if sums is None else sums
-
-    def _with_store(self, store):
-        return type(self)(store, self.sums)
-
-    async def set(self, key, value, *args, **kwargs):
-        self.sums[key] = Sum.of(value.as_numpy_array())
-        return await self._store.set(key, value, *args, **kwargs)
-
-
 class ZarrWriter:
-    """Writes through zarr's own array[a:b] = ... (zarr v3: sharding and its codec pipeline)."""
+    """Writes through zarr's own array[a:b] = ... (zarr v3: sharding and its codec pipeline),
+    into an in-memory copy of the array; the objects it makes are then stored create-only."""
 
     def __init__(self, target: StoreTarget, split: str, name: str):
-        self._store = _SummingStore(make_store(child_url(target.url, split), target.storage_options))
-        array = zarr.open_array(store=self._store, path=name, mode="r+", zarr_format=target.zarr_format)
-        self._array = array.with_config({"write_empty_chunks": True})  # as open_array
+        self._fs, root = filesystem(child_url(target.url, split), target.storage_options)
+        self.metadata = metadata_path(target, split, name)
+        self.identity = create_only.identity(self._fs, self.metadata)
         self._name = name
-        self._block = target.write_block(name)
+        self._prefix = posixpath.join(root, name)
+        self._format = target.zarr_format
+        self._document = self._fs.cat_file(self.metadata)
 
-    def write(self, start: int, values) -> list[tuple[str, Sum]]:
-        """As ChunkWriter.write: whole write blocks (chunks, or shard objects)."""
-        stop = start + values.size
-        self._array[start:stop] = np.asarray(values)
+    def write(self, start: int, values, lease: ownership.Lease | None = None) -> list[tuple[str, Sum]]:
+        """As ChunkWriter.write: whole write blocks (chunks, or shard objects). Each object's
+        Sum is taken from the very bytes stored create-only."""
+        ledger = lease.ledger if lease is not None else None
+        if ledger is not None:
+            ledger.wrote_into(self.metadata, self.identity)
+        made = {}
+        memory = zarr.storage.MemoryStore(store_dict=made)
+        document = posixpath.basename(self.metadata)
+        made[document] = default_buffer_prototype().buffer.from_bytes(self._document)
+        array = zarr.open_array(store=memory, mode="r+", zarr_format=self._format)
+        array = array.with_config({"write_empty_chunks": True})
+        array[start:start + values.size] = np.asarray(values)
         written = []
-        for index in range(start // self._block, -(-stop // self._block)):
-            key = f"{self._name}/{self._array.metadata.encode_chunk_key((index,))}"
-            written.append((key, self._store.sums.pop(key)))
+        for key, value in sorted(made.items()):
+            if posixpath.basename(key) not in ownership.ARRAY_METADATA:
+                data = value.to_bytes()
+                create_only.put_new(self._fs, posixpath.join(self._prefix, key), data, ledger)
+                written.append((f"{self._name}/{key}", Sum.of(data)))
         return written
 
-    def submit(self, start: int, values) -> list[Future]:
+    def submit(self, start: int, values, lease: ownership.Lease | None = None) -> list[Future]:
         """As ChunkWriter.submit, but zarr's own path: done when it returns."""
         futures = []
-        for written in self.write(start, values):
+        for written in self.write(start, values, lease):
             futures.append(Future())
             futures[-1].set_result(written)
         return futures
@@ -387,17 +430,23 @@ def array_writer(target: StoreTarget, split: str, name: str, pool):
 
 
 def commit(target: StoreTarget, root_attributes: dict, split_attributes: dict[str, dict]) -> None:
-    """Writes the split attributes, then the root group metadata: the dataset exists from here.
+    """Writes each split's group metadata (with its attributes), then the root group's: the
+    dataset exists from here. Every object is created, never updated (create-only: a run
+    that lost the output cannot replace them, nor they another run's).
 
     Only while this run holds the output's claim, and never over a conflict record (another
-    run may have written into the output). Retry-safe: a retried commit of the same run
-    rewrites the same attributes. (zarr's create_group(overwrite=True) would delete the
-    children, so it is never used here.)"""
+    run may have written into the output). Retry-safe: a retried commit of the same run finds
+    its own objects; another run's commit there is a conflict."""
     so = target.storage_options
     _refuse_conflicts(target)
     lease = ownership.begin_write(target.url, target.run_id, "the commit", so)
     try:
-        _write_commit(target, root_attributes, split_attributes)
+        fs, root = filesystem(target.url, so)
+        for split in SPLITS:  # a killed writer's temporary files (local disks only): every write has landed
+            create_only.remove_partials(fs, f"{root.rstrip('/')}/{split}")
+        put_objects(target, commit_objects(target, root_attributes, split_attributes), lease)
+    except create_only.ObjectConflict:
+        pass  # recorded in the lease: confirm_written says what it means
     except BaseException:
         ownership.confirm_written(target.url, target.run_id, "the commit", so, lease)
         raise
@@ -409,14 +458,35 @@ def commit(target: StoreTarget, root_attributes: dict, split_attributes: dict[st
         # The run that claimed the output waited for this commit to land: the dataset is
         # committed, whole. That run replaces it only if its launcher saw it committed.
         logging.getLogger("flat_tokens").warning("flat-tokens: %s; this run's commit had landed first", e)
+    except OutputError as e:
+        fs, path = filesystem(target.url, so)
+        root = [p for p in lease.ledger.conflicts if posixpath.dirname(p) == path.rstrip("/")]
+        if not root:
+            raise
+        other = (_read_attributes(fs, path.rstrip("/"), target.zarr_format) or {}).get("run_id")
+        raise OutputError(f"--output {target.url}: another run (run_id {other}) committed there while this one ran; "
+                          f"this run's data is not committed. {e}") from None
     try:
         _refuse_conflicts(target)
     except OutputError:
-        fs, path = filesystem(target.url, so)
-        for name in ROOT_METADATA:  # this run's own commit, just written: take it back
-            if fs.exists(f"{path.rstrip('/')}/{name}"):
-                fs.rm(f"{path.rstrip('/')}/{name}")
+        fs, _ = filesystem(target.url, so)
+        for path, created in sorted(lease.ledger.created.items(), reverse=True):  # the root's last object first
+            create_only.take_back(fs, path, created)  # this run's own commit, just written: taken back
         raise
+
+
+def commit_objects(target: StoreTarget, root_attributes: dict, split_attributes: dict[str, dict]) -> dict:
+    """The commit's objects, in the order they are written: each split's group metadata, then
+    the root's (`.zattrs` before `.zgroup`: zarr opens the group only once it is there)."""
+    objects = {}
+    for split, attrs in split_attributes.items():
+        made = _objects_of(lambda store, attrs=attrs: zarr.create_group(
+            store=store, zarr_format=target.zarr_format, attributes={RUN_ATTRIBUTE: target.run_id, **attrs}))
+        objects.update({f"{split}/{key}": data for key, data in made.items()})
+    made = _objects_of(lambda store: zarr.create_group(store=store, zarr_format=target.zarr_format,
+                                                       attributes=root_attributes))
+    objects.update(made)  # sorted: .zattrs, then .zgroup
+    return objects
 
 
 def _refuse_conflicts(target: StoreTarget) -> None:
@@ -426,21 +496,12 @@ def _refuse_conflicts(target: StoreTarget) -> None:
                           f"into this output, so it is not committed; rerun with --overwrite")
 
 
-def _write_commit(target: StoreTarget, root_attributes: dict, split_attributes: dict[str, dict]) -> None:
-    for split, attrs in split_attributes.items():
-        group = zarr.open_group(make_store(child_url(target.url, split), target.storage_options),
-                                mode="r+", zarr_format=target.zarr_format)
-        group.attrs.update(attrs)
-    root_store = make_store(target.url, target.storage_options)
+def _read_attributes(fs, path: str, zarr_format: int) -> dict | None:
     try:
-        root = zarr.open_group(root_store, mode="r+", zarr_format=target.zarr_format)
-    except (FileNotFoundError, zarr.errors.GroupNotFoundError):
-        zarr.create_group(store=root_store, zarr_format=target.zarr_format, attributes=root_attributes)
-        return
-    if root.attrs.get("run_id") != target.run_id:
-        raise OutputError(f"--output {target.url}: another run (run_id {root.attrs.get('run_id')}) committed "
-                          f"there while this one ran; this run's data is not committed")
-    root.attrs.update(root_attributes)
+        document = json.loads(fs.cat_file(f"{path}/{'.zattrs' if zarr_format == 2 else 'zarr.json'}"))
+    except (FileNotFoundError, ValueError):
+        return None
+    return document.get("attributes") if zarr_format == 3 else document
 
 
 def read_root_attributes(url: str, storage_options: dict | None = None) -> dict:
