@@ -78,11 +78,21 @@ class WorkerWatch(threading.Thread):
 
 
 def _write_report(report_dir: str, report: dict) -> None:
-    os.makedirs(report_dir, exist_ok=True)
+    """Leaves the report for WorkerWatch. A launcher that already ended the run (another
+    worker's report was enough) has removed `report_dir`: the report has no reader left then,
+    and is dropped quietly (the worker's stderr was passed through) instead of ending in a
+    traceback under the launcher's one error line."""
     path = os.path.join(report_dir, f"worker-{os.getpid()}.json")
-    with open(path + ".tmp", "w") as f:
-        json.dump(report, f)
-    os.replace(path + ".tmp", path)  # whole, or not there
+    try:
+        os.makedirs(report_dir, exist_ok=True)
+        with open(path + ".tmp", "w") as f:
+            json.dump(report, f)
+        os.replace(path + ".tmp", path)  # whole, or not there
+    except FileNotFoundError:
+        try:
+            os.unlink(path + ".tmp")
+        except OSError:
+            pass
 
 
 def main(argv: list[str]) -> int:
