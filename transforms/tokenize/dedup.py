@@ -43,10 +43,15 @@ def place_order(file_key: str) -> tuple[int, str]:
 def key_by_content(batch: TokenizedBatch, seed: int, num_shards: int):
     """Yields (shard, DedupPart) for each dedup shard that the batch's documents hit."""
     hashes = hashing.content_hashes(hashing.content_salt(seed, hashing.ORDER), batch.digests)
+    starts = None
+    if batch.ids_file is not None:  # 4 bytes a document where they fit, as ShardPart's
+        starts = (np.cumsum(batch.lengths) - batch.lengths).astype(np.uint32 if batch.ids.size < 1 << 32 else np.int64)
     for shard, members in groups_of(hashing.shard_of(hashes, num_shards)):
-        yield int(shard), DedupPart.of(
-            batch.file_key, batch.split, batch.offsets[members], batch.digests[members], batch.lengths[members],
-            gather_segments(batch.ids, batch.lengths, members))
+        keys = (batch.file_key, batch.split, batch.offsets[members], batch.digests[members], batch.lengths[members])
+        if starts is not None:  # a local staged batch: its parts name the file, not the ids
+            yield int(shard), DedupPart.in_file(*keys, batch.ids_file, batch.ids, starts[members])
+        else:
+            yield int(shard), DedupPart.of(*keys, gather_segments(batch.ids, batch.lengths, members))
 
 
 def drop_duplicates(keyed_parts, seed: int, validation_fraction: float, source_of_input: list[int] | None):
@@ -62,7 +67,6 @@ def drop_duplicates(keyed_parts, seed: int, validation_fraction: float, source_o
     # that does not depend on the order in which the parts arrive.
     rank = {key: i for i, key in enumerate(sorted({p.file_key for p in parts}, key=place_order))}
     file_rank = np.repeat(np.array([rank[p.file_key] for p in parts], dtype=np.int64), sizes)
-    ids = np.concatenate([p.ids() for p in parts])
 
     order = np.lexsort((offsets, file_rank, digests[:, 1], digests[:, 0]))
     sorted_digests = digests[order]
@@ -84,12 +88,29 @@ def drop_duplicates(keyed_parts, seed: int, validation_fraction: float, source_o
         sources = np.repeat(np.array([source_of_input[input_index(p.file_key)] for p in parts], dtype=np.int64),
                             sizes)
     yield DistinctBatch(digests=digests[kept], splits=splits.astype(np.int8), sources=sources[kept],
-                        lengths=lengths[kept], ids=narrowest_ids(gather_segments(ids, lengths, kept)))
+                        lengths=lengths[kept], ids=narrowest_ids(kept_documents(parts, sizes, lengths, kept)))
     counts = {"duplicates": int(removed.size)}
     if source_of_input is not None:
         for source, n in enumerate(np.bincount(sources[removed], minlength=max(source_of_input) + 1).tolist()):
             counts[mixture.source_key(source, mixture.DUPLICATES)] = n
     yield beam.pvalue.TaggedOutput(COUNTS, counts)
+
+
+def kept_documents(parts, sizes: list[int], lengths: np.ndarray, kept: np.ndarray) -> np.ndarray:
+    """The ids of documents `kept` (indices into the parts' documents, end to end), in that
+    order. Only the kept copies are copied out of each part (its file, or its packed ids)."""
+    first = np.cumsum(sizes) - sizes
+    part_of = np.searchsorted(first, kept, side="right") - 1
+    pieces, grouped = [], []
+    for part, chosen in groups_of(part_of):
+        pieces.append(parts[part].documents(kept[chosen] - first[part]))
+        grouped.append(chosen)
+    if not pieces:
+        return np.empty(0, dtype=np.uint16)
+    grouped = np.concatenate(grouped)  # the output position of each document, as the pieces hold them
+    back = np.empty_like(grouped)
+    back[grouped] = np.arange(grouped.size)
+    return gather_segments(np.concatenate(pieces), lengths[kept][grouped], back)
 
 
 def _vote(split: str) -> int:
