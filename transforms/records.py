@@ -39,6 +39,7 @@ class TokenizedBatch:
     ids: np.ndarray  # token ids, documents concatenated, in the narrowest type (narrowest_ids)
     empty: int  # documents that tokenized to nothing (dropped)
     digests: np.ndarray | None = None  # (n, 2) uint64 content digests, with --dedup exact only
+    signatures: np.ndarray | None = None  # (n, K) uint16 MinHash signatures, with --dedup near only
     # Where these ids lie on local disk as they are, when a run staged them there
     # (transforms/staging.py): the shuffle's spill then maps that file instead of writing one,
     # and a batch that crosses from one stage to another (a resumed run's replayed batches
@@ -380,4 +381,58 @@ class DistinctBatch:
 
 
 for _record in (DedupPart, DistinctBatch):
+    beam.coders.registry.register_coder(_record, RecordCoder)
+
+
+# ---------------------------------------------------------------------------------------------
+# --dedup near (transforms/tokenize/near_dedup.py): the near-duplicate graph's elements
+
+@dataclass
+class Nodes:
+    """Distinct texts as nodes of the near-duplicate graph, in aligned arrays."""
+
+    ids: np.ndarray  # uint64: dedup shard << 32 | row in the shard's node table (0 before it is made)
+    digests: np.ndarray  # (n, 2) uint64 content digests
+    ranks: np.ndarray  # uint64: the kept text of a cluster has the smallest (near_dedup.rank_of)
+    votes: np.ndarray  # int8: the split its copies ask for (near_dedup.TRAIN, AUTO, VALIDATION)
+    signatures: np.ndarray  # (n, K) uint16 MinHash signatures
+
+    def take(self, index) -> "Nodes":
+        return Nodes(*(getattr(self, f.name)[index] for f in fields(self)))
+
+    @staticmethod
+    def concatenate(parts: list["Nodes"]) -> "Nodes":
+        return Nodes(*(np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(Nodes)))
+
+
+@dataclass
+class BandPart:
+    """Band hashes of nodes (one entry per node and band) that fall into one band shard."""
+
+    hashes: np.ndarray  # uint64
+    nodes: np.ndarray  # uint64 node ids
+
+
+@dataclass
+class Edges:
+    """Pairs of nodes (a, b), each with what a step of the graph carries along: `nodes`, the
+    node at one end of each pair (which end: `b_side`), or nothing."""
+
+    a: np.ndarray  # uint64
+    b: np.ndarray  # uint64
+    b_side: np.ndarray | None = None  # bool: `nodes` is the pair's b
+    nodes: Nodes | None = None
+
+
+@dataclass
+class NearDecisions:
+    """What --dedup near decided for texts of one dedup shard: each is removed (a near-copy of
+    the kept text of its cluster) or kept, in the split of its whole cluster."""
+
+    digests: np.ndarray  # (n, 2) uint64
+    removed: np.ndarray  # bool
+    splits: np.ndarray  # int8 split of the cluster (0 train, 1 validation)
+
+
+for _record in (Nodes, BandPart, Edges, NearDecisions):
     beam.coders.registry.register_coder(_record, RecordCoder)
