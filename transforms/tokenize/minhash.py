@@ -13,14 +13,17 @@ found (docs/design.md has the measurements that chose words and n = 5).
 Signature. One-permutation hashing (Li, Owen and Zhang, NIPS 2012): each shingle gets one
 32-bit hash; its high 16 bits pick one of K bins and each bin keeps the smallest low 16
 bits among its shingles. So a document costs one hash per shingle, not K, and a batch is a
-few passes of numpy over its shingles plus one scatter-minimum (`np.minimum.at`). A bin
-that no shingle fell into (short documents) borrows the value of the next filled bin to its
-right, circularly, mixed with the distance (densification by rotation, Shrivastava and Li,
-ICML 2014): two documents then agree on any bin with probability J, so the fraction of
-equal bins estimates J with a standard deviation of sqrt(J (1 - J) / K).
+few passes of numpy over its shingles plus one scatter-minimum (`np.minimum.at`). Two
+documents' similarity is estimated from the bins filled in either: the share of them that
+hold the same value (standard deviation sqrt(J (1 - J) / m), m the bins filled in either,
+at most K; for a document with fewer shingles than K this is its exact Jaccard similarity
+up to hash collisions).
 
-Bands. Locality-sensitive hashing: bin values are cut into `bands` runs of `rows` bins;
-each run is hashed to 64 bits with its band's index. Two documents share a band's hash with
+Bands. Locality-sensitive hashing: for banding, a bin that no shingle fell into (short
+documents) borrows the value of the next filled bin to its right, circularly, mixed with
+the distance (densification by rotation, Shrivastava and Li, ICML 2014), so that two
+documents agree on any bin with probability J; the bins are cut into `bands` bands of `rows`
+bins, and each band is hashed to 64 bits with its index. Two documents share a band's hash with
 probability J**rows, so they become a candidate pair with probability
 1 - (1 - J**rows)**bands.
 
@@ -34,7 +37,7 @@ import numpy as np
 WORDS, TOKENS = "words", "tokens"
 SHINGLES = (WORDS, TOKENS)
 MAX_HASHES = 1 << 12  # bins are picked by 16 bits of the hash; signatures stay small
-_EMPTY = np.uint32(1 << 16)  # above every 16-bit bin value: a bin no shingle fell into
+EMPTY = 0xFFFF  # a bin no shingle fell into (a bin whose smallest value is 0xFFFF keeps 0xFFFE)
 
 # murmur3's 32-bit finaliser: spreads a sum of products over all 32 bits
 _F1, _F2 = np.uint32(0x85EBCA6B), np.uint32(0xC2B2AE35)
@@ -140,13 +143,12 @@ def word_hashes(encoded: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
 
 def signatures(units: np.ndarray, per_doc: np.ndarray, n: int, k: int) -> np.ndarray:
     """(documents, k) uint16 one-permutation MinHash signatures of the n-grams of each
-    document's units (word hashes or token ids, documents end to end, `per_doc` each),
-    empty bins densified by rotation. A document with fewer than n units gets a row of
-    zeros (never compared: signed)."""
+    document's units (word hashes or token ids, documents end to end, `per_doc` each); bins
+    no n-gram fell into hold EMPTY (all of them, for a document with fewer than n units)."""
     docs = per_doc.size
     total = units.size - n + 1
     # Row `docs` of the bins takes the n-grams that cross from one document into the next.
-    bins = np.full((docs + 1) * k, _EMPTY, dtype=np.uint32)
+    bins = np.full((docs + 1) * k, EMPTY, dtype=np.uint16)
     if total > 0:
         index_type = np.int32 if (docs + 1) * k < 1 << 31 else np.int64
         row = np.repeat(np.arange(0, docs * k, k, dtype=index_type), per_doc)[:total]
@@ -156,9 +158,10 @@ def signatures(units: np.ndarray, per_doc: np.ndarray, n: int, k: int) -> np.nda
         row[crossing] = docs * k
         x = np.empty(_BLOCK + n, dtype=np.uint32)
         h, step, index = np.empty(_BLOCK, np.uint32), np.empty(_BLOCK, np.uint32), np.empty(_BLOCK, index_type)
+        value = np.empty(_BLOCK, np.uint16)
         for a in range(0, total, _BLOCK):
             m = min(_BLOCK, total - a)
-            xs, hs, ss, ix = x[:m + n - 1], h[:m], step[:m], index[:m]
+            xs, hs, ss, ix, vs = x[:m + n - 1], h[:m], step[:m], index[:m], value[:m]
             xs[:] = units[a:a + m + n - 1]
             np.multiply(xs[:m], _GRAM[0], out=hs)
             for j in range(1, n):
@@ -170,37 +173,38 @@ def signatures(units: np.ndarray, per_doc: np.ndarray, n: int, k: int) -> np.nda
             ss *= np.uint32(k)
             ss >>= np.uint32(16)
             np.add(row[a:a + m], ss, out=ix, casting="unsafe")
-            hs &= np.uint32(0xFFFF)
-            np.minimum.at(bins, ix, hs)
-    bins = bins[:docs * k].reshape(docs, k)
-    empty = bins == _EMPTY
-    if empty.any():
-        bins = _densified(bins, empty, k)
-    bins[per_doc < n] = 0
-    return bins.astype(np.uint16)
+            np.copyto(vs, hs, casting="unsafe")
+            np.minimum(vs, EMPTY - 1, out=vs)
+            np.minimum.at(bins, ix, vs)
+    return bins[:docs * k].reshape(docs, k)
 
 
-def _densified(bins: np.ndarray, empty: np.ndarray, k: int) -> np.ndarray:
-    """Each empty bin takes the value of the next filled bin to its right (circularly), mixed
-    with the distance to it; rows with no filled bin stay as they are."""
+def densified(signatures_: np.ndarray) -> np.ndarray:
+    """Signatures whose empty bins borrow the value of the next filled bin to their right
+    (circularly), mixed with the distance to it (rotation: Shrivastava and Li, ICML 2014), so
+    that two documents agree on any bin with probability J: what banding needs. Rows with no
+    filled bin stay empty."""
+    k = signatures_.shape[1]
+    empty = signatures_ == EMPTY
     rows = np.flatnonzero(empty.any(axis=1) & ~empty.all(axis=1))
-    sub, gaps = bins[rows], empty[rows]
+    out = signatures_.copy()
+    if rows.size == 0:
+        return out
+    sub, gaps = signatures_[rows].astype(np.uint32), empty[rows]
     # The index of the next filled bin at or after each bin, over the row written twice.
     where = np.where(np.concatenate([gaps, gaps], axis=1), 3 * k, np.arange(2 * k))
     nearest = np.minimum.accumulate(where[:, ::-1], axis=1)[:, ::-1][:, :k]
     distance = (nearest - np.arange(k)).astype(np.uint32)
-    donor = np.take_along_axis(sub, nearest % k, axis=1)
-    mixed = (donor + distance * _ROTATE) * _F1
+    mixed = (np.take_along_axis(sub, nearest % k, axis=1) + distance * _ROTATE) * _F1
     mixed ^= mixed >> np.uint32(15)
-    sub = np.where(gaps, mixed & np.uint32(0xFFFF), sub)
-    bins[rows] = sub
-    return bins
+    out[rows] = np.where(gaps, np.minimum(mixed & np.uint32(0xFFFF), EMPTY - 1), sub)
+    return out
 
 
 def batch_signatures(settings: MinHashSettings, encoded: list[bytes] | None, ids: np.ndarray | None,
                      lengths: np.ndarray) -> np.ndarray:
     """The signatures of a batch's documents: from their UTF-8 texts (`encoded`, words) or
-    their token ids (`ids`, documents end to end, `lengths` each). Row i is all zeros when
+    their token ids (`ids`, documents end to end, `lengths` each). Row i is all EMPTY when
     document i has fewer than shingle_size units (see signed)."""
     if settings.shingle == WORDS:
         units, per_doc = word_hashes(encoded)
@@ -210,15 +214,17 @@ def batch_signatures(settings: MinHashSettings, encoded: list[bytes] | None, ids
 
 
 def signed(signatures_: np.ndarray) -> np.ndarray:
-    """Which rows are real signatures: a document with no shingle has a row of zeros, which a
-    real signature is with probability 2**-(16 K)."""
-    return signatures_.any(axis=1)
+    """Which documents have a signature: at least one shingle."""
+    return (signatures_ != EMPTY).any(axis=1)
 
 
 def band_hashes(signatures_: np.ndarray, bands: int, rows: int) -> np.ndarray:
-    """(documents, bands) uint64: the hash of each band's `rows` bin values and its index."""
+    """(documents, bands) uint64: the hash of each band's `rows` consecutive bins of the
+    densified signature, and its index. (Consecutive, not spread: a short document's shingle
+    that the other lacks spoils a run of bins, its gap, and bands spread over the ring would
+    all cross the runs of two such shingles.)"""
     n = signatures_.shape[0]
-    values = signatures_[:, :bands * rows].reshape(n, bands, rows).astype(np.uint64)
+    values = densified(signatures_)[:, :bands * rows].reshape(n, bands, rows).astype(np.uint64)
     with np.errstate(over="ignore"):
         h = (values * _BAND[:rows]).sum(axis=2, dtype=np.uint64)
         h += _BAND[MAX_HASHES + np.arange(bands)]
@@ -228,6 +234,16 @@ def band_hashes(signatures_: np.ndarray, bands: int, rows: int) -> np.ndarray:
     return h
 
 
+def agreement(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(bins where both rows hold the same value, bins filled in either row), per pair of
+    rows: the one-permutation estimate of their Jaccard similarity is the ratio (Li, Owen
+    and Zhang). A short document fills few bins, and then this is its exact Jaccard
+    similarity, up to collisions of 24-bit hashes."""
+    filled_a, filled_b = a != EMPTY, b != EMPTY
+    return np.count_nonzero((a == b) & filled_a, axis=1), np.count_nonzero(filled_a | filled_b, axis=1)
+
+
 def estimated_jaccard(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """The fraction of equal bins of each pair of rows."""
-    return (a == b).mean(axis=1) if a.size else np.empty(a.shape[0])
+    """The one-permutation estimate of each pair of rows' Jaccard similarity."""
+    same, filled = agreement(a, b)
+    return same / np.maximum(filled, 1)

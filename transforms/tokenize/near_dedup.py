@@ -12,9 +12,9 @@ Nodes. A node is a distinct text (its copies merged, as exact dedup merges them)
 unique and a pure function of the input. Documents without a signature (fewer words than the
 shingle size) are not nodes.
 
-Candidates and verification. A band shared by several nodes makes candidate pairs of its
-smallest node with each of the others (a star: linear, not quadratic, in the band's
-members). Both nodes of a pair are fetched from their node tables and the pair is kept when
+Candidates and verification. The nodes that share a band hash are candidate pairs, each
+with each; a band shared by more than HUBS nodes pairs each of them with the HUBS smallest
+only, so that candidates grow linearly with a band's members, not quadratically. Both nodes of a pair are fetched from their node tables and the pair is kept when
 at least ceil(threshold * K) of their K bins agree: an integer test, the same everywhere.
 Exact Jaccard would need both documents' shingles at the pair, a second shuffle of the
 corpus's tokens; the signatures' estimate has a standard deviation of at most 0.031 with
@@ -54,12 +54,16 @@ from transforms.tokenize import minhash
 
 TRAIN, AUTO, VALIDATION = 0, 1, 2  # a text's vote for its split: the largest of its copies' wins
 ROUNDS = 4  # rounds of large-star + small-star before the convergence check
+HUBS = 16  # nodes sharing a band: all pairs up to this many, then pairs with the first HUBS only
 COUNTS = "counts"
 NODES = "nodes"
+NEAR = "near"
+LINK_MARGIN = 0.1  # pairs this far below the threshold still put their texts in one split
 STARS, RESIDUAL = "stars", "residual"
 # The count dicts' keys (summed by the job's SumCounts; the commit reports them).
 CANDIDATE_PAIRS = "near_candidate_pairs"
 VERIFIED_PAIRS = "near_verified_pairs"
+LINKED_PAIRS = "near_linked_pairs"
 CLUSTERS = "near_clusters"
 CLUSTERED = "near_clustered_documents"
 FALSE_POSITIVES_MICRO = "near_expected_false_positives_micro"  # expected count, in millionths
@@ -148,8 +152,8 @@ def key_by_band(keyed_table, bands: int, rows: int, num_shards: int):
 
 def candidate_pairs(keyed_parts):
     """(band shard, BandParts) -> requests for both nodes of each candidate pair: (dedup shard
-    of the node, Edges(a, b, b_side)), a < b. The nodes sharing a band hash are paired with
-    the smallest of them."""
+    of the node, Edges(a, b, b_side)), a < b. The nodes sharing a band hash are paired each
+    with each, up to HUBS of them; beyond, each of the others with the HUBS smallest."""
     _, parts = keyed_parts
     parts = list(parts)
     hashes = np.concatenate([p.hashes for p in parts])
@@ -158,9 +162,13 @@ def candidate_pairs(keyed_parts):
     hashes, nodes = hashes[kept], nodes[kept]
     starts = _run_starts(hashes)
     run_size = np.diff(np.append(starts, hashes.size))
-    smallest = np.repeat(nodes[starts], run_size)
-    paired = nodes != smallest
-    a, b = smallest[paired], nodes[paired]
+    # The j-th node of a run (by id) is paired with the min(j, HUBS) nodes before it.
+    position = np.arange(hashes.size) - np.repeat(starts, run_size)
+    partners = np.minimum(position, HUBS)
+    first = np.cumsum(partners) - partners
+    a = nodes[np.repeat(np.repeat(starts, run_size), partners)
+              + np.arange(int(partners.sum())) - np.repeat(first, partners)]
+    b = np.repeat(nodes, partners)
     unique = _sorted_unique(a, b)
     a, b = a[unique], b[unique]
     for side, ends in ((False, a), (True, b)):
@@ -190,10 +198,12 @@ def attach_nodes(keyed, num_shards: int):
         yield int(bucket), Edges(a[members], b[members], b_side[members], nodes.take(members))
 
 
-def verify_pairs(keyed_halves, threshold: float, hashes: int):
-    """(pair bucket, halves) -> the pairs whose signatures agree on at least ceil(threshold * K)
-    bins: (node shard, Edges(node, neighbour)) both ways, for the components; tagged `nodes`:
-    (node shard, Nodes) of their nodes, once each; tagged `counts`: pairs checked and kept."""
+def verify_pairs(keyed_halves, threshold: float):
+    """(pair bucket, halves) -> the pairs whose signatures agree on at least the threshold's
+    share of bins less LINK_MARGIN (linked: one split), both ways: (node shard, Edges(node,
+    neighbour)), for the components; tagged `near`: those at the threshold itself (near-copies),
+    (shard of a, Edges(a, b)); tagged `nodes`: (node shard, Nodes) of the linked pairs' nodes,
+    once each; tagged `counts`: pairs checked and near-copies found."""
     _, halves = keyed_halves
     halves = list(halves)
     a = np.concatenate([h.a for h in halves])
@@ -207,23 +217,28 @@ def verify_pairs(keyed_halves, threshold: float, hashes: int):
             or not np.array_equal(b[a_half], b[b_half]) or b_side[a_half].any() or not b_side[b_half].all()):
         raise RuntimeError("near-duplicate graph: a candidate pair arrived without both of its nodes")
     first, second = nodes.take(a_half), nodes.take(b_half)
-    agree = np.count_nonzero(first.signatures == second.signatures, axis=1)
-    close = agree >= needed_agreement(threshold, hashes)
-    a, b = a[a_half][close], b[a_half][close]
-    yield from _keyed_by_node(a, b)
-    yield from _keyed_by_node(b, a)
-    if close.any():
-        both = Nodes.concatenate([first.take(close), second.take(close)])
+    a, b = a[a_half], b[a_half]
+    same, filled = minhash.agreement(first.signatures, second.signatures)
+    near = same >= needed_agreement(threshold, filled)
+    linked = same >= needed_agreement(max(threshold - LINK_MARGIN, 0.0), filled)
+    yield from _keyed_by_node(a[linked], b[linked])
+    yield from _keyed_by_node(b[linked], a[linked])
+    for shard, members in groups_of(shard_of_node(a[near])):
+        yield beam.pvalue.TaggedOutput(NEAR, (int(shard), Edges(a[near][members], b[near][members])))
+    if linked.any():
+        both = Nodes.concatenate([first.take(linked), second.take(linked)])
         once = both.take(_sorted_unique(both.ids))
         for shard, members in groups_of(shard_of_node(once.ids)):
             yield beam.pvalue.TaggedOutput(NODES, (int(shard), once.take(members)))
-    yield beam.pvalue.TaggedOutput(COUNTS, {CANDIDATE_PAIRS: int(a_half.size), VERIFIED_PAIRS: int(a.size)})
+    yield beam.pvalue.TaggedOutput(COUNTS, {CANDIDATE_PAIRS: int(a.size), VERIFIED_PAIRS: int(np.count_nonzero(near)),
+                                            LINKED_PAIRS: int(np.count_nonzero(linked))})
 
 
-def needed_agreement(threshold: float, hashes: int) -> int:
-    """Bins two signatures must share to count as near-copies: ceil(threshold * K), computed
-    so that a threshold given in decimal is not pushed up by its binary rounding."""
-    return max(1, math.ceil(round(threshold * hashes, 9)))
+def needed_agreement(threshold: float, filled: np.ndarray) -> np.ndarray:
+    """Bins two signatures must share, of the `filled` bins of either, for an estimated
+    similarity of at least `threshold`: ceil(threshold * filled), at least 1, rounded so that
+    a threshold given in decimal is not pushed up by its binary rounding."""
+    return np.maximum(np.ceil(np.round(threshold * np.asarray(filled, dtype=np.float64), 9)), 1).astype(np.int64)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -351,8 +366,9 @@ def relabel(keyed):
 
 
 def label_nodes(keyed):
-    """(node shard, {edges: (child, root), nodes: Nodes}) -> (shard of the root,
-    Edges(root, node, nodes=the node)) for each node: a node with no parent is a root."""
+    """(node shard, {edges: (child, root), nodes: Nodes, near: near-copy pairs (a, b)}) ->
+    (shard of the root, Edges(root, node, nodes=the node)) for each node (a node with no
+    parent is a root); tagged `near`: (shard of the root, Edges(a, b)) for each pair."""
     _, grouped = keyed
     nodes = list(grouped[NODES])
     if not nodes:
@@ -369,46 +385,73 @@ def label_nodes(keyed):
         root[found] = p[at[found]]
     for shard, members in groups_of(shard_of_node(root)):
         yield int(shard), Edges(root[members], nodes.ids[members], None, nodes.take(members))
+    pairs = list(grouped[NEAR])
+    if pairs:
+        a, b = _edges_of(pairs)
+        root_of_a = root[np.searchsorted(nodes.ids, a)]  # a is one of this shard's nodes
+        for shard, members in groups_of(shard_of_node(root_of_a)):
+            yield beam.pvalue.TaggedOutput(NEAR, (int(shard), Edges(a[members], b[members])))
 
 
-def choose_kept(keyed_parts, threshold: float, seed: int, validation_fraction: float):
-    """(root shard, members of the components rooted there) -> (dedup shard, NearDecisions)
-    for every member; tagged `counts`: clusters, members, expected false positives."""
-    _, parts = keyed_parts
-    parts = list(parts)
+def choose_kept(keyed, threshold: float, seed: int, validation_fraction: float):
+    """(root shard, {members: the nodes of the linked components rooted there, near: their
+    near-copy pairs}) -> (dedup shard, NearDecisions) for every member: in each cluster of
+    near-copies (a component of the pairs) all but the kept text are removed; every member of
+    a linked component gets its split. Tagged `counts`: clusters, their members, expected
+    false positives."""
+    _, grouped = keyed
+    parts = list(grouped["members"])
+    if not parts:
+        return
     roots = np.concatenate([p.a for p in parts])
     members = Nodes.concatenate([p.nodes for p in parts])
+    # Clusters of near-copies: components of the near-copy pairs, inside the linked components.
+    cluster = members.ids.copy()
+    pairs = list(grouped[NEAR])
+    if pairs:
+        nodes, smallest = components(*_edges_of(pairs))
+        by_id = np.argsort(members.ids)
+        cluster[by_id[np.searchsorted(members.ids[by_id], nodes)]] = smallest
+    # Linked components sorted by root, each one's members by rank; clusters likewise.
     order = np.lexsort((members.digests[:, 1], members.digests[:, 0], members.ranks, roots))
-    roots, members = roots[order], members.take(order)
+    roots, members, cluster = roots[order], members.take(order), cluster[order]
     starts = _run_starts(roots)
     sizes = np.diff(np.append(starts, roots.size))
-    kept = members.take(starts)
     votes = np.maximum.reduceat(members.votes, starts)
     splits = (votes == VALIDATION).astype(np.int8)
     auto = votes == AUTO
-    if auto.any():
-        split_hashes = hashing.content_hashes(hashing.content_salt(seed, hashing.SPLIT), kept.digests[auto])
+    if auto.any():  # the content hash of the component's first text decides, as for a text alone
+        split_hashes = hashing.content_hashes(hashing.content_salt(seed, hashing.SPLIT),
+                                              members.digests[starts][auto])
         splits[auto] = hashing.below_fraction(split_hashes, validation_fraction)
+    by_cluster = np.lexsort((members.digests[:, 1], members.digests[:, 0], members.ranks, cluster))
+    first_in_cluster = by_cluster[_run_starts(cluster[by_cluster])]
     removed = np.ones(roots.size, dtype=bool)
-    removed[starts] = False
-    similar = minhash.estimated_jaccard(members.signatures, np.repeat(kept.signatures, sizes, axis=0))
+    removed[first_in_cluster] = False
+    kept_of = np.empty(roots.size, dtype=np.int64)  # the kept text of each member's cluster
+    cluster_sizes = np.diff(np.append(_run_starts(cluster[by_cluster]), roots.size))
+    kept_of[by_cluster] = np.repeat(first_in_cluster, cluster_sizes)
     cluster_split = np.repeat(splits, sizes)
     for shard, chosen in groups_of(shard_of_node(members.ids)):
         yield int(shard), NearDecisions(members.digests[chosen], removed[chosen], cluster_split[chosen])
-    expected = expected_false_positives(similar[removed], threshold, members.signatures.shape[1])
-    yield beam.pvalue.TaggedOutput(COUNTS, {CLUSTERS: int(starts.size), CLUSTERED: int(roots.size),
-                                            FALSE_POSITIVES_MICRO: expected})
+    same, filled = minhash.agreement(members.signatures[removed], members.signatures[kept_of[removed]])
+    clusters = int(np.count_nonzero(cluster_sizes > 1))
+    yield beam.pvalue.TaggedOutput(COUNTS, {CLUSTERS: clusters, CLUSTERED: int(np.count_nonzero(removed)) + clusters,
+                                            FALSE_POSITIVES_MICRO: expected_false_positives(same, filled, threshold)})
 
 
-def expected_false_positives(similar: np.ndarray, threshold: float, hashes: int) -> int:
+def expected_false_positives(same: np.ndarray, filled: np.ndarray, threshold: float) -> int:
     """The expected number (in millionths) of removed texts whose Jaccard similarity to the
-    text kept for them lies below threshold - FALSE_POSITIVE_MARGIN, given the estimates
-    `similar` (normal approximation, standard deviation sqrt(J (1 - J) / K))."""
-    if similar.size == 0:
+    text kept for them lies below threshold - FALSE_POSITIVE_MARGIN, given their signatures'
+    agreement (`same` of `filled` bins): a normal approximation of the estimate, standard
+    deviation sqrt(J (1 - J) / filled)."""
+    if same.size == 0:
         return 0
-    sd = np.sqrt(np.maximum(similar * (1 - similar), 1 / hashes) / hashes)
+    filled = np.maximum(filled, 1)
+    similar = same / filled
+    sd = np.sqrt(np.maximum(similar * (1 - similar), 1 / filled) / filled)
     z = (threshold - FALSE_POSITIVE_MARGIN - similar) / (sd * math.sqrt(2))
-    below = 0.5 * (1 + np.vectorize(math.erf)(z))
+    below = 0.5 * (1 + np.array([math.erf(v) for v in z.tolist()]))
     return int(np.round(below * 1e6).astype(np.int64).sum())
 
 
@@ -447,8 +490,8 @@ class FindNearDuplicates(beam.PTransform):
             | "FetchNodes" >> beam.CoGroupByKey()
             | "AttachNodes" >> beam.FlatMap(attach_nodes, n).with_output_types(tuple[int, Edges])
             | "GroupPairs" >> beam.GroupByKey()
-            | "VerifyPairs" >> beam.FlatMap(verify_pairs, self._threshold, s.hashes)
-            .with_outputs(NODES, COUNTS, main="edges")
+            | "VerifyPairs" >> beam.FlatMap(verify_pairs, self._threshold)
+            .with_outputs(NEAR, NODES, COUNTS, main="edges")
         )
         edges = verified.edges
         for r in range(self._rounds):
@@ -476,11 +519,14 @@ class FindNearDuplicates(beam.PTransform):
             | "JoinRoots" >> beam.CoGroupByKey()
             | "Relabel" >> beam.FlatMap(relabel).with_output_types(tuple[int, Edges])
         )
-        chosen = (
-            {"edges": labels, NODES: verified[NODES]}
+        members = (
+            {"edges": labels, NODES: verified[NODES], NEAR: verified[NEAR]}
             | "JoinMembers" >> beam.CoGroupByKey()
-            | "LabelMembers" >> beam.FlatMap(label_nodes).with_output_types(tuple[int, Edges])
-            | "GroupClusters" >> beam.GroupByKey()
+            | "LabelMembers" >> beam.FlatMap(label_nodes).with_outputs(NEAR, main="members")
+        )
+        chosen = (
+            {"members": members.members, NEAR: members[NEAR]}
+            | "GroupComponents" >> beam.CoGroupByKey()
             | "ChooseKept" >> beam.FlatMap(choose_kept, self._threshold, self._seed, self._validation_fraction)
             .with_outputs(COUNTS, main="decisions")
         )

@@ -39,7 +39,8 @@ def near_dedup_stats(counts: dict) -> dict:
         "clustered_texts": counts.get("near_clustered_documents", 0),
         "removed": removed,
         "candidate_pairs": counts.get("near_candidate_pairs", 0),
-        "verified_pairs": counts.get("near_verified_pairs", 0),
+        "verified_pairs": counts.get("near_verified_pairs", 0),  # at the threshold: near-copies
+        "linked_pairs": counts.get("near_linked_pairs", 0),  # at threshold - 0.1: kept in one split
         "estimated_false_positive_rate": round(expected / removed, 6) if removed else 0.0,
         "unconverged_edges": counts.get("near_unconverged_edges", 0),
     }
