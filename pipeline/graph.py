@@ -69,7 +69,7 @@ def build_pipeline(p: beam.Pipeline, plan: JobPlan):
     if plan.dedup_shards is not None:
         distinct = tokenized | "DropDuplicates" >> DropDuplicates(
             plan.seed, plan.validation_fraction, plan.dedup_shards,
-            plan.source_of_input if plan.mixture is not None else plan.record_sources, plan.near)
+            plan.source_of_input if plan.mixture is not None else plan.record_sources, plan.near, plan.spill_dir)
         batches = distinct.batches
         counted.append(distinct.counts)
     sampling = None

@@ -406,6 +406,29 @@ class Nodes:
 
 
 @dataclass
+class NodePart:
+    """The signed documents of one TokenizedBatch that fall into one dedup shard (--dedup near):
+    what their nodes are made of. Their signatures are in memory, or (local runs) rows of a
+    file holding the batch's signatures, which the in-process runner then does not hold:
+    512 bytes a document, for every copy of every text, until the copies are merged."""
+
+    digests: np.ndarray  # (n, 2) uint64
+    ranks: np.ndarray  # uint64
+    votes: np.ndarray  # int8
+    signatures: np.ndarray | None = None  # (n, K) uint16
+    signature_file: str | None = None  # a file of (file_rows, K) uint16 signatures ...
+    rows: np.ndarray | None = None  # ... whose rows these documents' are
+    file_rows: int = 0
+    hashes: int = 0  # K
+
+    def loaded_signatures(self) -> np.ndarray:
+        if self.signature_file is None:
+            return self.signatures
+        mapped = mapped_ids(self.signature_file, "uint16", self.file_rows * self.hashes)
+        return mapped.reshape(self.file_rows, self.hashes)[self.rows]
+
+
+@dataclass
 class BandPart:
     """Band hashes of nodes (one entry per node and band) that fall into one band shard."""
 
@@ -434,5 +457,5 @@ class NearDecisions:
     splits: np.ndarray  # int8 split of the cluster (0 train, 1 validation)
 
 
-for _record in (Nodes, BandPart, Edges, NearDecisions):
+for _record in (Nodes, NodePart, BandPart, Edges, NearDecisions):
     beam.coders.registry.register_coder(_record, RecordCoder)

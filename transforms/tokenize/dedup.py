@@ -186,8 +186,9 @@ class DropDuplicates(beam.PTransform):
     --dedup exact alone."""
 
     def __init__(self, seed: int, validation_fraction: float, num_shards: int,
-                 source_of_input: list[int] | None = None, near: tuple | None = None):
+                 source_of_input: list[int] | None = None, near: tuple | None = None, spill_dir: str | None = None):
         super().__init__()
+        self._spill_dir = spill_dir
         self._seed = seed
         self._validation_fraction = validation_fraction
         self._num_shards = num_shards
@@ -203,7 +204,7 @@ class DropDuplicates(beam.PTransform):
         else:
             settings, threshold = self._near
             decisions, near_counts = batches | "FindNearDuplicates" >> FindNearDuplicates(
-                settings, threshold, self._seed, self._validation_fraction, self._num_shards)
+                settings, threshold, self._seed, self._validation_fraction, self._num_shards, self._spill_dir)
             counted.append(near_counts)
             grouped = {"parts": parts, "decisions": decisions} | "GroupByContent" >> beam.CoGroupByKey()
         distinct = grouped | "KeepOneCopy" >> beam.FlatMap(

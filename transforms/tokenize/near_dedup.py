@@ -41,16 +41,20 @@ Every step works on arrays of many nodes or edges at once, never element by elem
 group holds the nodes or edges of one shard, or (the last steps) of the components whose
 smallest node lies in it.
 """
+import hashlib
 import math
+import os
+import uuid
 
 import apache_beam as beam
 import numpy as np
 
 from transforms import hashing
 from transforms.read.inputs import input_index
-from transforms.records import SPLITS, BandPart, Edges, NearDecisions, Nodes, TokenizedBatch
+from transforms.records import BandPart, Edges, NearDecisions, NodePart, Nodes, TokenizedBatch
 from transforms.segments import groups_of
 from transforms.tokenize import minhash
+from transforms.write_behind import WriteBehind
 
 TRAIN, AUTO, VALIDATION = 0, 1, 2  # a text's vote for its split: the largest of its copies' wins
 ROUNDS = 4  # rounds of large-star + small-star before the convergence check
@@ -110,25 +114,74 @@ def _run_starts(keys: np.ndarray) -> np.ndarray:
 # ---------------------------------------------------------------------------------------------
 # nodes
 
-def key_nodes(batch: TokenizedBatch, seed: int, num_shards: int):
-    """Yields (dedup shard, Nodes) for the signed documents of a batch."""
-    signed = np.flatnonzero(minhash.signed(batch.signatures))
-    if signed.size == 0:
-        return
-    digests = batch.digests[signed]
-    nodes = Nodes(ids=np.zeros(signed.size, dtype=np.uint64), digests=digests,
-                  ranks=rank_of(batch.file_key, batch.lengths[signed]),
-                  votes=np.full(signed.size, vote_of(batch.split), dtype=np.int8),
-                  signatures=batch.signatures[signed])
-    for shard, members in groups_of(hashing.content_shards(digests, seed, num_shards)):
-        yield int(shard), nodes.take(members)
+class KeyNodes(beam.DoFn):
+    """TokenizedBatch -> (dedup shard, NodePart) for the signed documents of the batch. With a
+    spill directory (local runs: transforms/shuffle/spill.py has the why), the batch's
+    signatures are written to a file there, on a thread, and the parts name its rows."""
+
+    def __init__(self, seed: int, num_shards: int, spill_dir: str | None = None):
+        self._seed = seed
+        self._num_shards = num_shards
+        self._spill_dir = spill_dir
+        self._writer = None
+
+    def setup(self):
+        if self._spill_dir:
+            self._writer = WriteBehind("flat-tokens-signatures")
+
+    def start_bundle(self):
+        if self._writer:
+            self._writer.forget()
+
+    def process(self, batch: TokenizedBatch):
+        signed = np.flatnonzero(minhash.signed(batch.signatures))
+        if signed.size == 0:
+            return
+        digests, signatures = batch.digests[signed], batch.signatures[signed]
+        ranks = rank_of(batch.file_key, batch.lengths[signed])
+        votes = np.full(signed.size, vote_of(batch.split), dtype=np.int8)
+        path = None
+        if self._writer:
+            path = os.path.join(self._spill_dir, signature_file_name(batch.file_key, int(batch.offsets[0])))
+            self._writer.submit(write_whole, path, np.ascontiguousarray(signatures))
+        for shard, members in groups_of(hashing.content_shards(digests, self._seed, self._num_shards)):
+            keys = (digests[members], ranks[members], votes[members])
+            if path is None:
+                yield int(shard), NodePart(*keys, signatures=signatures[members])
+            else:
+                yield int(shard), NodePart(*keys, signature_file=path, rows=members.astype(np.uint32),
+                                           file_rows=signed.size, hashes=signatures.shape[1])
+
+    def finish_bundle(self):
+        if self._writer:
+            self._writer.wait()
+
+    def teardown(self):
+        if self._writer:
+            self._writer.close()
+
+
+def signature_file_name(file_key: str, first_offset: int) -> str:
+    """The signature file of the batch that starts at byte `first_offset` of input `file_key`:
+    a pure function of the batch, so a retried bundle writes the same bytes to the same name."""
+    return f"{hashlib.blake2b(file_key.encode('utf-8'), digest_size=8).hexdigest()}-{first_offset:016x}.signatures"
+
+
+def write_whole(path: str, values: np.ndarray) -> None:
+    """Under a temporary name, then renamed into place: a reader never sees half a file."""
+    temporary = f"{path}.{uuid.uuid4().hex}.tmp"
+    with open(temporary, "wb") as f:
+        f.write(values.data)
+    os.replace(temporary, path)
 
 
 def node_table(keyed_parts):
     """(shard, Nodes of documents) -> (shard, one node per distinct text, in digest order):
     the smallest rank and the largest vote of its copies."""
     shard, parts = keyed_parts
-    nodes = Nodes.concatenate(list(parts))
+    # One signature file mapped at a time: only this shard's rows are copied out of each.
+    nodes = Nodes.concatenate([Nodes(np.zeros(p.ranks.size, dtype=np.uint64), p.digests, p.ranks, p.votes,
+                                     p.loaded_signatures()) for p in parts])
     order = np.lexsort((nodes.ranks, nodes.digests[:, 1], nodes.digests[:, 0]))
     digests = nodes.digests[order]
     starts = np.flatnonzero(np.concatenate([[True], np.any(digests[1:] != digests[:-1], axis=1)]))
@@ -155,11 +208,12 @@ def candidate_pairs(keyed_parts):
     of the node, Edges(a, b, b_side)), a < b. The nodes sharing a band hash are paired each
     with each, up to HUBS of them; beyond, each of the others with the HUBS smallest."""
     _, parts = keyed_parts
-    parts = list(parts)
-    hashes = np.concatenate([p.hashes for p in parts])
-    nodes = np.concatenate([p.nodes for p in parts])
-    kept = _sorted_unique(hashes, nodes)
-    hashes, nodes = hashes[kept], nodes[kept]
+    # Each part holds one node table's entries, in node order: concatenated in the order of
+    # their first node, the nodes are in order, and a stable sort by hash keeps them so.
+    parts = sorted(parts, key=lambda p: int(p.nodes[0]))
+    order = np.argsort(np.concatenate([p.hashes for p in parts]), kind="stable")
+    hashes = np.concatenate([p.hashes for p in parts])[order]
+    nodes = np.concatenate([p.nodes for p in parts])[order]
     starts = _run_starts(hashes)
     run_size = np.diff(np.append(starts, hashes.size))
     # The j-th node of a run (by id) is paired with the min(j, HUBS) nodes before it.
@@ -190,6 +244,9 @@ def attach_nodes(keyed, num_shards: int):
     a = np.concatenate([r.a for r in requests])
     b = np.concatenate([r.b for r in requests])
     b_side = np.concatenate([r.b_side for r in requests])
+    # A pair that shares several bands is asked for by each band shard that found it: once is enough.
+    once = _sorted_unique(a, b, b_side.astype(np.uint64))
+    a, b, b_side = a[once], b[once], b_side[once]
     wanted = np.where(b_side, b, a)
     nodes = table.take((wanted & _ROW_MASK).astype(np.int64))
     if not np.array_equal(nodes.ids, wanted):
@@ -210,8 +267,8 @@ def verify_pairs(keyed_halves, threshold: float):
     b = np.concatenate([h.b for h in halves])
     b_side = np.concatenate([h.b_side for h in halves])
     nodes = Nodes.concatenate([h.nodes for h in halves])
-    # Each band shard that found a pair asked for both of its nodes: keep one half of each side.
-    kept = _sorted_unique(a, b, b_side.astype(np.uint64))
+    # Each pair's two halves, a's then b's (attach_nodes sent each once).
+    kept = np.lexsort((b_side, b, a))
     a_half, b_half = kept[0::2], kept[1::2]
     if (a_half.size != b_half.size or not np.array_equal(a[a_half], a[b_half])
             or not np.array_equal(b[a_half], b[b_half]) or b_side[a_half].any() or not b_side[b_half].all()):
@@ -462,8 +519,9 @@ class FindNearDuplicates(beam.PTransform):
     `decisions`) and count dicts (`counts`)."""
 
     def __init__(self, settings: minhash.MinHashSettings, threshold: float, seed: int,
-                 validation_fraction: float, num_shards: int, rounds: int = ROUNDS):
+                 validation_fraction: float, num_shards: int, spill_dir: str | None = None, rounds: int = ROUNDS):
         super().__init__()
+        self._spill_dir = spill_dir
         self._settings = settings
         self._threshold = threshold
         self._seed = seed
@@ -475,7 +533,7 @@ class FindNearDuplicates(beam.PTransform):
         s, n = self._settings, self._shards
         tables = (
             batches
-            | "KeyNodes" >> beam.FlatMap(key_nodes, self._seed, n).with_output_types(tuple[int, Nodes])
+            | "KeyNodes" >> beam.ParDo(KeyNodes(self._seed, n, self._spill_dir)).with_output_types(tuple[int, NodePart])
             | "GroupCopies" >> beam.GroupByKey()
             | "NodeTables" >> beam.FlatMap(node_table).with_output_types(tuple[int, Nodes])
         )
