@@ -14,6 +14,8 @@ DEFAULT_TOKENS_CHUNK = 1 << 18  # measured: docs/design.md, 'Chunks and codecs'
 DEFAULT_SEQ_STARTS_CHUNK = 1 << 16
 DEFAULT_SHARD_MB = 64
 DEDUP_CHOICES = ("none", "exact", "near")
+NEAR_HASHES = (64, 128, 256, 512, 1024)  # signature bins (transforms/tokenize/minhash.py)
+NEAR_BANDS = (8, 16, 32, 64)  # at most the fewest bins: every band has a bin or more
 MAX_SEED = 1 << 64
 REQUIRED_UNLESS_MIXTURE = "required, unless --mixture is given"
 
@@ -128,14 +130,18 @@ OPTIONS: tuple[Option, ...] = (
     Option(name="near_shingle_size", group="input", type=int, default=5,
            help="--dedup near: n, the words (or tokens) of a shingle; a text with fewer has no near-copies",
            template=Template("Near-duplicate shingle size", "positive_int")),
-    Option(name="near_hashes", group="input", type=int, default=256,
+    Option(name="near_hashes", group="input", type=int, default=256, choices=NEAR_HASHES,
            help="--dedup near: bins of each MinHash signature (2 bytes each); more estimate similarity "
                 "more closely",
-           template=Template("Near-duplicate signature bins", "positive_int")),
-    Option(name="near_bands", group="input", type=int, default=32,
+           template=Template("Near-duplicate signature bins", "choice",
+                             choices=tuple((str(k), f"{k} bins", f"{2 * k} bytes per document")
+                                           for k in NEAR_HASHES))),
+    Option(name="near_bands", group="input", type=int, default=32, choices=NEAR_BANDS,
            help="--dedup near: locality-sensitive hashing bands, each of near_hashes / near_bands bins: "
                 "texts sharing a band are compared",
-           template=Template("Near-duplicate bands", "positive_int")),
+           template=Template("Near-duplicate bands", "choice",
+                             choices=tuple((str(b), f"{b} bands", "of near_hashes / near_bands bins each")
+                                           for b in NEAR_BANDS))),
     # tokenization
     Option(name="tokenizer", group="tokenization", required=True,
            help="tokenizer.json path or URL; 'bytes' (built in: UTF-8 byte b -> id b+1); or a "
@@ -363,20 +369,11 @@ def check_options(o: FlatTokensOptions) -> None:
     check_near_options(o)
 
 
-MAX_NEAR_HASHES = 4096  # transforms/tokenize/minhash.py: MAX_HASHES
-
-
 def check_near_options(o: FlatTokensOptions) -> None:
-    if not 0 < o.near_threshold <= 1:
-        raise OptionError(f"--near_threshold {o.near_threshold}: must be in (0, 1]")
-    for name in ("near_shingle_size", "near_hashes", "near_bands"):
-        if getattr(o, name) < 1:
-            raise OptionError(f"--{name} {getattr(o, name)}: must be a positive integer")
-    if o.near_hashes > MAX_NEAR_HASHES:
-        raise OptionError(f"--near_hashes {o.near_hashes}: at most {MAX_NEAR_HASHES}")
-    if o.near_bands > o.near_hashes:
-        raise OptionError(f"--near_bands {o.near_bands}: at most --near_hashes ({o.near_hashes}), since each band "
-                          f"holds near_hashes / near_bands bins")
+    if not 0 <= o.near_threshold <= 1:
+        raise OptionError(f"--near_threshold {o.near_threshold}: must be in [0, 1]")
+    if o.near_shingle_size < 1:
+        raise OptionError(f"--near_shingle_size {o.near_shingle_size}: must be a positive integer")
 
 
 def validation_fraction(o: FlatTokensOptions) -> float:

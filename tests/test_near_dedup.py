@@ -21,7 +21,7 @@ import zarr
 from tests.helpers import SAMPLE, check_flat_tokens, run_pipeline, write_jsonl
 from tests.test_resume import dataset_digest, kill_when, resume, staged_now, units_staged
 from transforms.tokenize import minhash
-from transforms.tokenize.near_dedup import components, large_star, small_star
+from transforms.tokenize.near_dedup import candidate_pairs, components, large_star, small_star
 
 THRESHOLD = 0.8
 MULTI = ["--direct_num_workers=2", "--direct_running_mode=multi_processing"]
@@ -225,3 +225,21 @@ def test_components_converge_by_stars_and_union_find_agrees():
         child, parent = run_rounds(src, dst, 8)
         got = dict(zip(child.tolist(), parent.tolist()))
         assert got == {n: r for n, r in expected.items() if n != r}
+
+
+def test_which_pairs_a_crowded_band_compares_does_not_depend_on_node_ids():
+    """A band shared by more nodes than are paired each with each (30 here): the pairs come
+    from the nodes' content, not their ids, which change with the number of shards."""
+    from transforms.records import BandPart
+
+    rng = np.random.default_rng(3)
+    digests = rng.integers(0, 2**63, 30, dtype=np.uint64)
+    found = []
+    for shards in (1, 7):
+        ids = (rng.integers(0, shards, 30).astype(np.uint64) << np.uint64(32)) | np.arange(30, dtype=np.uint64)
+        parts = [BandPart(np.full(m.size, 42, np.uint64), ids[m], digests[m]) for m in np.array_split(np.arange(30), 4)]
+        requests = [e for _, e in candidate_pairs((0, parts))]
+        by_id = dict(zip(ids.tolist(), digests.tolist()))
+        found.append({frozenset((by_id[a], by_id[b])) for e in requests for a, b in zip(e.a.tolist(), e.b.tolist())})
+    assert found[0] == found[1] and len(found[0]) == 16 * 15 // 2 + 14 * 16
+

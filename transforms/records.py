@@ -434,6 +434,7 @@ class BandPart:
 
     hashes: np.ndarray  # uint64
     nodes: np.ndarray  # uint64 node ids
+    order_keys: np.ndarray  # uint64: the first half of each node's content digest
 
 
 @dataclass

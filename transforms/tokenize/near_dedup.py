@@ -1,45 +1,50 @@
-"""FindNearDuplicates (--dedup near): signed documents -> for every text that has a near-copy,
+"""FindNearDuplicates (--dedup near): signed documents -> for every text linked to another,
 whether it is kept or removed, and the split of its whole cluster.
 
     key every signed document by its dedup shard -> merge each text's copies into one node
     -> key every node by its band hashes -> pairs of nodes that share a band (candidates)
-    -> fetch both nodes of each pair -> keep the pairs whose signatures agree on at least
-    the threshold's share of bins -> connected components of the kept pairs, in rounds
-    -> in each component, the kept text and the split -> decisions, keyed by dedup shard
+    -> fetch both nodes of each pair -> keep the pairs whose signatures agree enough
+    -> connected components of the kept pairs, in rounds -> in each component, the texts
+    kept and its split -> decisions, keyed by dedup shard (dedup.DropDuplicates applies them
+    in the group where it merges each text's copies)
 
 Nodes. A node is a distinct text (its copies merged, as exact dedup merges them), numbered
 `dedup shard << 32 | row` in its shard's node table (rows in digest order): ids are small,
 unique and a pure function of the input. Documents without a signature (fewer words than the
-shingle size) are not nodes.
+shingle size) are not nodes. On local runs a node part names rows of its batch's signature
+file in the spill directory rather than carrying 512 bytes per copy through the runner.
 
-Candidates and verification. The nodes that share a band hash are candidate pairs, each
-with each; a band shared by more than HUBS nodes pairs each of them with the HUBS smallest
-only, so that candidates grow linearly with a band's members, not quadratically. Both nodes of a pair are fetched from their node tables and the pair is kept when
-at least ceil(threshold * K) of their K bins agree: an integer test, the same everywhere.
-Exact Jaccard would need both documents' shingles at the pair, a second shuffle of the
-corpus's tokens; the signatures' estimate has a standard deviation of at most 0.031 with
-K = 256, which the margins of the quality test (docs/design.md) absorb.
+Candidates. The nodes that share a band hash (of their densified signatures: minhash.py)
+are candidate pairs, each with each; a band shared by more than HUBS nodes pairs each with
+the HUBS smallest only, so candidates grow linearly with a band's members. Both nodes of a
+pair are fetched from their node tables, once per pair whichever bands found it.
+
+Verification. A pair is a near-copy when its signatures agree on at least ceil(threshold *
+m) of the m bins filled in either (minhash.agreement: the one-permutation estimate of their
+Jaccard similarity, exact for short texts up to hash collisions); an integer test, the same
+everywhere. Exact Jaccard would need both documents' shingles at the pair, a second shuffle
+of the corpus's tokens. A pair at threshold - LINK_MARGIN or more is *linked*: its texts go
+to one split, so a near-copy that the estimate put just below the threshold (and that is
+therefore kept) still cannot land across train and validation.
 
 Components. Large-star and small-star steps alternate (Kiveris et al., "Connected Components
-in MapReduce and Beyond", SoCC 2014), each a group-by of edges keyed by node: every step
-keeps each component connected, and they converge to stars, each node pointing at its
-component's smallest node. ROUNDS rounds run (the graph is fixed when the job is built);
-then every edge is checked: a node with two parents, or with a parent and children, is not
-converged yet, and the edges at such nodes (normally none) are finished by union-find on
-one worker, whose memory is that of those edges only; the counts say how many there were.
+in MapReduce and Beyond", SoCC 2014), each a group-by of edge arrays keyed by node shard:
+every step keeps each component connected, and they converge to stars, each node pointing at
+its component's smallest node. ROUNDS rounds run (the graph is fixed when the job is built);
+then every node is checked: one with two parents, or with a parent and children, is not
+converged yet, and the edges at such nodes (normally none) are finished by union-find on one
+worker, whose memory is that of those edges only; the counts say how many there were.
 
-Kept text and split. Each component's members meet at its smallest node: the text kept is
-the one with the smallest rank (the earliest input on the command line or in the mixture,
-then the longest in tokens, then the smallest content digest: nothing that depends on the
-number of shards). The cluster's split is validation
-when any copy of any member was read from a validation input, else, when any copy was read
-from an input split by --validation_fraction, the seeded content hash of the *kept* text
-decides (as it decides alone for a text without near-copies), else train. So a cluster is
-never split across train and validation, and the kept text alone is written.
+Kept texts and split. Each linked component meets whole at its smallest node's shard. Its
+near-copy pairs make clusters; each cluster keeps the text with the smallest rank (the
+earliest input on the command line or in the mixture, then the longest in tokens, then the
+smallest content digest: nothing that depends on the number of shards) and removes the
+others. The component's split is validation when any copy of any member was read from a
+validation input, else, when any copy was read from an input split by --validation_fraction,
+the seeded content hash of its first member decides (as it decides alone for a text without
+near-copies), else train.
 
-Every step works on arrays of many nodes or edges at once, never element by element; each
-group holds the nodes or edges of one shard, or (the last steps) of the components whose
-smallest node lies in it.
+Every step works on arrays of many nodes or edges at once, never element by element.
 """
 import hashlib
 import math
@@ -86,7 +91,8 @@ def vote_of(split: str) -> int:
 def rank_of(file_key: str, lengths: np.ndarray) -> np.ndarray:
     """uint64 ranks of a batch's documents: the input index, then the longest first."""
     longest_first = (1 << _LENGTH_BITS) - 1 - np.minimum(lengths, (1 << _LENGTH_BITS) - 1).astype(np.uint64)
-    return (np.uint64(input_index(file_key)) << np.uint64(_LENGTH_BITS)) | longest_first
+    index = min(input_index(file_key), (1 << (64 - _LENGTH_BITS)) - 1)
+    return (np.uint64(index) << np.uint64(_LENGTH_BITS)) | longest_first
 
 
 def shard_of_node(ids: np.ndarray) -> np.ndarray:
@@ -176,8 +182,8 @@ def write_whole(path: str, values: np.ndarray) -> None:
 
 
 def node_table(keyed_parts):
-    """(shard, Nodes of documents) -> (shard, one node per distinct text, in digest order):
-    the smallest rank and the largest vote of its copies."""
+    """(shard, NodeParts) -> (shard, Nodes: one per distinct text, in digest order), with the
+    smallest rank and the largest vote of its copies."""
     shard, parts = keyed_parts
     # One signature file mapped at a time: only this shard's rows are copied out of each.
     nodes = Nodes.concatenate([Nodes(np.zeros(p.ranks.size, dtype=np.uint64), p.digests, p.ranks, p.votes,
@@ -198,31 +204,38 @@ def key_by_band(keyed_table, bands: int, rows: int, num_shards: int):
     """(shard, node table) -> (band shard, BandPart) for each band shard its nodes' bands hit."""
     _, table = keyed_table
     hashes = minhash.band_hashes(table.signatures, bands, rows).ravel()
-    nodes = np.repeat(table.ids, bands)
+    nodes, order_keys = np.repeat(table.ids, bands), np.repeat(table.digests[:, 0], bands)
     for shard, members in groups_of(hashing.shard_of(hashes, num_shards)):
-        yield int(shard), BandPart(hashes[members], nodes[members])
+        yield int(shard), BandPart(hashes[members], nodes[members], order_keys[members])
 
 
 def candidate_pairs(keyed_parts):
     """(band shard, BandParts) -> requests for both nodes of each candidate pair: (dedup shard
     of the node, Edges(a, b, b_side)), a < b. The nodes sharing a band hash are paired each
-    with each, up to HUBS of them; beyond, each of the others with the HUBS smallest."""
+    with each, up to HUBS of them; beyond, each of the others with the HUBS first by content
+    digest (not by node id: which pairs are compared must not depend on the shard count)."""
     _, parts = keyed_parts
-    # Each part holds one node table's entries, in node order: concatenated in the order of
-    # their first node, the nodes are in order, and a stable sort by hash keeps them so.
-    parts = sorted(parts, key=lambda p: int(p.nodes[0]))
-    order = np.argsort(np.concatenate([p.hashes for p in parts]), kind="stable")
-    hashes = np.concatenate([p.hashes for p in parts])[order]
+    parts = list(parts)
+    hashes = np.concatenate([p.hashes for p in parts])
+    order = np.argsort(hashes, kind="stable")
+    hashes = hashes[order]
     nodes = np.concatenate([p.nodes for p in parts])[order]
     starts = _run_starts(hashes)
     run_size = np.diff(np.append(starts, hashes.size))
-    # The j-th node of a run (by id) is paired with the min(j, HUBS) nodes before it.
+    # Members of runs of two or more (a few of all entries) in digest order, ties by node id.
+    shared = np.repeat(run_size > 1, run_size)
+    if shared.any():
+        keys = np.concatenate([p.order_keys for p in parts])[order]
+        within = np.flatnonzero(shared)
+        nodes[within] = nodes[within][np.lexsort((nodes[within], keys[within], hashes[within]))]
+    # The j-th node of a run is paired with the min(j, HUBS) nodes before it.
     position = np.arange(hashes.size) - np.repeat(starts, run_size)
     partners = np.minimum(position, HUBS)
     first = np.cumsum(partners) - partners
     a = nodes[np.repeat(np.repeat(starts, run_size), partners)
               + np.arange(int(partners.sum())) - np.repeat(first, partners)]
     b = np.repeat(nodes, partners)
+    a, b = np.minimum(a, b), np.maximum(a, b)
     unique = _sorted_unique(a, b)
     a, b = a[unique], b[unique]
     for side, ends in ((False, a), (True, b)):
