@@ -152,6 +152,34 @@ def test_the_output_is_the_same_on_two_worker_processes_and_other_shards(planted
 
 
 @pytest.mark.slow
+def test_with_a_mixture_near_copies_are_counted_per_source_and_kept_from_the_first(tmp_path):
+    """Near-copies of the first source's texts in the second: the first's are kept (the
+    earliest input), the removed ones are credited to the second, and every source's
+    documents add up at commit (documents = empty + duplicates + near_duplicates + written)."""
+    rng = random.Random(2)
+    texts = [json.loads(line)["text"] for line in open(SAMPLE / "corpus-2.jsonl", encoding="utf-8")]
+    longer = [t for t in texts[:300] if len(shingles(t)) >= 100][:60]
+    copies = [edited(t, rng, 0.01) for t in longer]
+    copies = [c for c, t in zip(copies, longer) if c != t and len(shingles(c) & shingles(t))
+              / len(shingles(c) | shingles(t)) >= THRESHOLD + 0.05]
+    write_jsonl(tmp_path / "first.jsonl", texts[:300])
+    write_jsonl(tmp_path / "second.jsonl", texts[300:] + copies)
+    (tmp_path / "mix.json").write_text(json.dumps({"sources": [
+        {"name": "first", "input": "first.jsonl", "weight": 1, "max_epochs": 2},
+        {"name": "second", "input": "second.jsonl", "weight": 1, "max_epochs": 2}]}))
+    out = tmp_path / "out.zarr"
+    run_pipeline("--mixture", tmp_path / "mix.json", "--dedup", "near", "--tokenizer", "bytes", "--output", out,
+                 "--validation_fraction", "0.1")
+    written = set(written_texts(out, "train")) | set(written_texts(out, "validation"))
+    assert len(copies) >= 30 and not set(copies) & written and set(longer) <= written
+    stats = zarr.open_group(str(out), mode="r").attrs["stats"]
+    by_source = stats["near_duplicates_by_source"]
+    assert sum(by_source.values()) == stats["near_duplicates"] and by_source["second"] >= len(copies)
+    sources = zarr.open_group(str(out), mode="r").attrs["mixture"]["sources"]
+    assert [s["near_duplicates"] for s in sources] == [by_source["first"], by_source["second"]]
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("moment", ["units staged", "shards written"])
 def test_a_killed_run_resumes_to_the_same_bytes(planted, tmp_path, moment):
     root, _, args, ref = planted
