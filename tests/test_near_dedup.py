@@ -180,6 +180,18 @@ def test_with_a_mixture_near_copies_are_counted_per_source_and_kept_from_the_fir
 
 
 @pytest.mark.slow
+def test_a_portable_runners_workers_make_the_same_bytes(planted, tmp_path):
+    """On an EXTERNAL worker pool (no disk shared with the launcher: signatures travel in the
+    node parts, ids in the dedup parts) the output is the in-process run's."""
+    from tests.beam_services import portable_services
+    root, _, args, out = planted
+    with portable_services(tmp_path / "services") as services:
+        run_pipeline(*args, "--output", tmp_path / "portable.zarr", *services.pipeline_args, env=services.env,
+                     timeout=600)
+    check_flat_tokens(tmp_path / "portable.zarr", "--compare", out)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("moment", ["units staged", "shards written"])
 def test_a_killed_run_resumes_to_the_same_bytes(planted, tmp_path, moment):
     root, _, args, ref = planted
