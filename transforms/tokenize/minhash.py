@@ -20,10 +20,10 @@ at most K; for a document with fewer shingles than K this is its exact Jaccard s
 up to hash collisions).
 
 Bands. Locality-sensitive hashing: for banding, a bin that no shingle fell into (short
-documents) borrows the value of a filled bin picked by a fixed hash of its index (optimal
-densification, Shrivastava, ICML 2017), so that two documents agree on any bin with
-probability J, independently; the bins are cut into `bands` bands of `rows` bins, and each
-band is hashed to 64 bits with its index. Two documents share a band's hash with
+documents) borrows the value of the first filled bin in its own fixed pseudo-random order
+of the bins (optimal densification, Shrivastava, ICML 2017), so that two documents agree on
+any bin with probability J, independently; the bins are cut into `bands` bands of `rows`
+bins, and each band is hashed to 64 bits with its index. Two documents share a band's hash with
 probability J**rows, so they become a candidate pair with probability
 1 - (1 - J**rows)**bands.
 
@@ -56,7 +56,7 @@ def _odd_table(salt: int, n: int) -> np.ndarray:
 
 _GRAM = _odd_table(3 << 20, 64)  # position in the n-gram -> its multiplier
 _BAND = _odd_table(4 << 20, 2 * MAX_HASHES).astype(np.uint64) << np.uint64(32) | _odd_table(5 << 20, 2 * MAX_HASHES)
-_MAX_PROBES = 128  # densification's tries per empty bin (each finds a filled bin with probability filled / K)
+_ROW_TRIES = 16  # densification's tries row by row, before the rest is found directly
 
 
 @dataclass(frozen=True)
@@ -183,41 +183,56 @@ def signatures(units: np.ndarray, per_doc: np.ndarray, n: int, k: int) -> np.nda
 
 
 def densified(signatures_: np.ndarray) -> np.ndarray:
-    """Signatures whose empty bins take the value of a filled bin: for empty bin i, the first
-    filled bin among probe(i, 0), probe(i, 1), ..., the same sequence for every document
-    (optimal densification: Shrivastava, ICML 2017). Two documents then agree on any bin
-    with probability J, independently of the other bins: what banding needs. (Borrowing from
-    the next filled bin instead made a short text's band depend on one shingle: on the
-    benchmark corpus, 366,000 candidate pairs of median similarity 0.1 for 49,000 texts.)
-    Rows with no filled bin stay empty."""
+    """Signatures whose empty bins take the value of a filled bin: empty bin i takes the first
+    filled bin in its own fixed order of all bins (a pseudo-random permutation, the same for
+    every document: optimal densification, Shrivastava, ICML 2017). Two documents then agree
+    on any bin with probability J, independently of the other bins: what banding needs.
+    (Borrowing from the next filled bin instead made a short text's bands depend on one
+    shingle: on the benchmark corpus, 366,000 candidate pairs of median similarity 0.1 for
+    49,000 texts.) Rows with no filled bin stay empty."""
     out = signatures_.copy()
     rows = np.flatnonzero((out == EMPTY).any(axis=1) & signed(out))
-    probes = _probes(out.shape[1])
-    for attempt in range(_MAX_PROBES):  # each try fills an empty bin with probability filled / K
+    order, rank = _probe_order(out.shape[1])
+    # The first tries, row by row (most rows are filled after a few); then, for the rows with
+    # empty bins left, each one's first filled bin in its order directly.
+    for attempt in range(min(_ROW_TRIES, out.shape[1])):
         if rows.size == 0:
             return out
         mine = out[rows]
-        looked_at = signatures_[rows][:, probes[attempt]]
+        looked_at = signatures_[rows][:, order[:, attempt]]
         fill = (mine == EMPTY) & (looked_at != EMPTY)
         mine[fill] = looked_at[fill]
         out[rows] = mine
         rows = rows[(mine == EMPTY).any(axis=1)]
-    for row in rows:  # a row with very few filled bins: its first filled bin
-        empty = out[row] == EMPTY
-        out[row, empty] = signatures_[row, np.argmax(signatures_[row] != EMPTY)]
+    for chunk in np.array_split(rows, max(1, rows.size // 256)):
+        if chunk.size == 0:
+            continue
+        own = out[chunk]
+        filled = signatures_[chunk] != EMPTY
+        donors = np.argsort(~filled, axis=1, kind="stable")[:, :int(filled.sum(axis=1).max())]  # filled first
+        missing = np.take_along_axis(~filled, donors, axis=1)
+        at, empty_bin = np.nonzero(own == EMPTY)
+        ranks = rank[empty_bin[:, None], donors[at]]  # where each filled bin is in the empty bin's order
+        ranks[missing[at]] = rank.shape[1]
+        own[at, empty_bin] = signatures_[chunk[at], donors[at, ranks.argmin(axis=1)]]
+        out[chunk] = own
     return out
 
 
 @functools.lru_cache(maxsize=8)
-def _probes(k: int) -> np.ndarray:
-    """(tries, k): the bin that each bin looks at on each try, a fixed hash of both."""
-    x = np.arange(k, dtype=np.uint64)[None, :] * np.uint64(2 * _MAX_PROBES) + np.arange(_MAX_PROBES,
-                                                                                       dtype=np.uint64)[:, None]
+def _probe_order(k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(order, rank), each (k, k): order[i] is the order in which bin i looks at the bins (a
+    fixed pseudo-random permutation), rank[i, j] the place of bin j in it."""
+    x = np.arange(k, dtype=np.uint64)[:, None] * np.uint64(k) + np.arange(k, dtype=np.uint64)[None, :]
     with np.errstate(over="ignore"):
         x = (x + np.uint64(0x9E3779B97F4A7C15)) * np.uint64(0xBF58476D1CE4E5B9)
         x ^= x >> np.uint64(31)
         x *= np.uint64(0x94D049BB133111EB)
-    return ((x >> np.uint64(32)) * np.uint64(k) >> np.uint64(32)).astype(np.intp)
+        x ^= x >> np.uint64(29)
+    order = np.argsort(x, axis=1, kind="stable")
+    rank = np.empty_like(order)
+    np.put_along_axis(rank, order, np.arange(k)[None, :].repeat(k, axis=0), axis=1)
+    return order, rank
 
 
 def batch_signatures(settings: MinHashSettings, encoded: list[bytes] | None, ids: np.ndarray | None,
