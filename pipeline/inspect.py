@@ -249,7 +249,7 @@ def window_report(split: FlatTokensSplit, index: int, length: int, decoder) -> d
 
 
 PROVENANCE_KEYS = ("tokenizer", "seed", "validation_fraction", "inputs", "validation_inputs", "text_key",
-                   "input_files", "dedup", "mixture", "package", "run_id", "storage", "rejected_output")
+                   "input_files", "dedup", "near_dedup", "mixture", "package", "run_id", "storage", "rejected_output")
 
 
 def provenance(attrs: dict) -> dict:

@@ -183,6 +183,10 @@ def plan_job(o: FlatTokensOptions, storage_options: dict | None = None, run_id: 
     }
     if names is not None:
         provenance["sources"] = names
+    if o.dedup == "near":
+        provenance["near_dedup"] = {"threshold": o.near_threshold, "shingle": o.near_shingle,
+                                    "shingle_size": o.near_shingle_size, "hashes": o.near_hashes,
+                                    "bands": o.near_bands}
     return JobPlan(
         files=train_files + valid_files, tokenizer=tokenizer, target=target, seed=o.seed,
         validation_fraction=fraction, num_shards=num_shards, text_key=o.text_key,

@@ -133,7 +133,10 @@ def test_near_copies_are_found_as_brute_force_jaccard_says(planted):
     assert across == []
     assert 0.2 < len(validation) / len(kept) < 0.4
 
-    stats = zarr.open_group(str(out), mode="r").attrs["stats"]
+    attrs = zarr.open_group(str(out), mode="r").attrs
+    assert attrs["dedup"] == "near" and attrs["near_dedup"] == {
+        "threshold": THRESHOLD, "shingle": "words", "shingle_size": 5, "hashes": 256, "bands": 32}
+    stats = attrs["stats"]
     assert stats["near_duplicates"] == len(removed) > 100
     assert stats["documents"] == stats["empty"] + stats["duplicates"] + stats["near_duplicates"] + len(kept)
     near_stats = stats["near_dedup"]
