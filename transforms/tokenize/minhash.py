@@ -105,7 +105,6 @@ def _word_byte_table() -> bytes:
 
 
 _WORD_BYTES = _word_byte_table()
-_IN_WORD = bytes(1 if c else 0 for c in _WORD_BYTES)
 _FIRST_BYTES = np.array([(1 << (8 * n)) - 1 for n in range(8)] + [(1 << 64) - 1], dtype=np.uint64)
 
 
@@ -118,26 +117,23 @@ def word_hashes(encoded: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
     if not encoded:
         return np.empty(0, np.uint32), np.empty(0, np.int64)
     # One buffer, documents separated by (and ending in) a byte that is not a word byte, so no
-    # word spans two; 8 more bytes for the 8-byte reads below. Words as their bytes, lowercased,
-    # and as a mask (1 in a word), each made by one bytes.translate.
-    joined = b"\n" + b"\n".join(encoded) + b"\n" + bytes(8)
-    text = joined.translate(_WORD_BYTES)
-    mask = np.frombuffer(joined.translate(_IN_WORD), dtype=np.bool_)
+    # word spans two; 8 more bytes for the 8-byte reads below. bytes.translate lowercases the
+    # word bytes and zeroes the others.
+    text = (b"\n" + b"\n".join(encoded) + b"\n" + bytes(8)).translate(_WORD_BYTES)
+    mask = np.frombuffer(text, dtype=np.uint8) != 0
     edges = np.flatnonzero(mask[1:] != mask[:-1]) + 1  # starts and ends of words, alternately
     starts, lengths = edges[0::2], edges[1::2] - edges[0::2]
     # Every byte position as the start of an (unaligned, little-endian) 8-byte value.
     at = np.ndarray(shape=(len(text) - 7,), dtype="<u8", buffer=text, strides=(1,))
     h = at[starts]
     h &= _FIRST_BYTES[np.minimum(lengths, 8)]
-    long = np.flatnonzero(lengths > 8)
     with np.errstate(over="ignore"):
-        if long.size:  # the last 8 bytes (overlapping the first), and the middle 8 past 16
-            h[long] = h[long] * _MIX64 + at[starts[long] + lengths[long] - 8]
-            longer = long[lengths[long] > 16]
-            h[longer] = h[longer] * _MIX64 + at[starts[longer] + (lengths[longer] - 8) // 2]
-        h += lengths.astype(np.uint64)
+        # The last 8 bytes (overlapping the first) of words longer than 8, and the middle 8 of
+        # those longer than 16.
         h *= _MIX64
-        h ^= h >> np.uint64(29)
+        h += np.where(lengths > 8, at[np.maximum(starts + lengths - 8, 0)], lengths.astype(np.uint64))
+        longer = np.flatnonzero(lengths > 16)
+        h[longer] = h[longer] * _MIX64 + at[starts[longer] + (lengths[longer] - 8) // 2]
         h *= _MIX64
     doc_ends = np.cumsum(np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded)) + 1)
     per_doc = np.diff(np.searchsorted(starts, doc_ends), prepend=0)
