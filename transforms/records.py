@@ -421,11 +421,12 @@ class NodePart:
     file_rows: int = 0
     hashes: int = 0  # K
 
-    def loaded_signatures(self) -> np.ndarray:
+    def signatures_of(self, members: np.ndarray) -> np.ndarray:
+        """The signatures of documents `members` of the part."""
         if self.signature_file is None:
-            return self.signatures
+            return self.signatures[members]
         mapped = mapped_ids(self.signature_file, "uint16", self.file_rows * self.hashes)
-        return mapped.reshape(self.file_rows, self.hashes)[self.rows]
+        return mapped.reshape(self.file_rows, self.hashes)[self.rows[members]]
 
 
 @dataclass

@@ -119,7 +119,7 @@ def word_hashes(encoded: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
     # One buffer, documents separated by (and ending in) a byte that is not a word byte, so no
     # word spans two; 8 more bytes for the 8-byte reads below. bytes.translate lowercases the
     # word bytes and zeroes the others.
-    text = (b"\n" + b"\n".join(encoded) + b"\n" + bytes(8)).translate(_WORD_BYTES)
+    text = b"\n".join([b"", *encoded, bytes(8)]).translate(_WORD_BYTES)
     mask = np.frombuffer(text, dtype=np.uint8) != 0
     edges = np.flatnonzero(mask[1:] != mask[:-1]) + 1  # starts and ends of words, alternately
     starts, lengths = edges[0::2], edges[1::2] - edges[0::2]
@@ -128,12 +128,14 @@ def word_hashes(encoded: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
     h = at[starts]
     h &= _FIRST_BYTES[np.minimum(lengths, 8)]
     with np.errstate(over="ignore"):
-        # The last 8 bytes (overlapping the first) of words longer than 8, and the middle 8 of
-        # those longer than 16.
         h *= _MIX64
-        h += np.where(lengths > 8, at[np.maximum(starts + lengths - 8, 0)], lengths.astype(np.uint64))
-        longer = np.flatnonzero(lengths > 16)
-        h[longer] = h[longer] * _MIX64 + at[starts[longer] + (lengths[longer] - 8) // 2]
+        h += lengths.astype(np.uint64)
+        # The last 8 bytes (overlapping the first) of words longer than 8, the middle 8 of
+        # those longer than 16: a few words, added in place.
+        long = np.flatnonzero(lengths > 8)
+        h[long] += at[starts[long] + lengths[long] - 8] * _MIX64
+        longer = long[lengths[long] > 16]
+        h[longer] += at[starts[longer] + (lengths[longer] - 8) // 2]
         h *= _MIX64
     doc_ends = np.cumsum(np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded)) + 1)
     per_doc = np.diff(np.searchsorted(starts, doc_ends), prepend=0)

@@ -185,16 +185,21 @@ def node_table(keyed_parts):
     """(shard, NodeParts) -> (shard, Nodes: one per distinct text, in digest order), with the
     smallest rank and the largest vote of its copies."""
     shard, parts = keyed_parts
-    # One signature file mapped at a time: only this shard's rows are copied out of each.
-    nodes = Nodes.concatenate([Nodes(np.zeros(p.ranks.size, dtype=np.uint64), p.digests, p.ranks, p.votes,
-                                     p.loaded_signatures()) for p in parts])
-    order = np.lexsort((nodes.ranks, nodes.digests[:, 1], nodes.digests[:, 0]))
-    digests = nodes.digests[order]
-    starts = np.flatnonzero(np.concatenate([[True], np.any(digests[1:] != digests[:-1], axis=1)]))
-    table = nodes.take(order[starts])  # the first of each text's copies has its smallest rank
-    table.votes = np.maximum.reduceat(nodes.votes[order], starts)
-    table.ids = (np.uint64(shard) << np.uint64(_ROW_BITS)) | np.arange(starts.size, dtype=np.uint64)
-    yield shard, table
+    parts = list(parts)
+    digests = np.concatenate([p.digests for p in parts])
+    ranks = np.concatenate([p.ranks for p in parts])
+    order = np.lexsort((ranks, digests[:, 1], digests[:, 0]))
+    starts = np.flatnonzero(np.concatenate([[True], np.any(digests[order][1:] != digests[order][:-1], axis=1)]))
+    first = order[starts]  # each text's copy of the smallest rank
+    # Only those copies' signatures are read: one signature file mapped at a time.
+    part_of = np.repeat(np.arange(len(parts)), [p.ranks.size for p in parts])
+    offset = np.cumsum([p.ranks.size for p in parts]) - [p.ranks.size for p in parts]
+    signatures = np.empty((first.size, parts[0].hashes or parts[0].signatures.shape[1]), dtype=np.uint16)
+    for part, chosen in groups_of(part_of[first]):
+        signatures[chosen] = parts[part].signatures_of(first[chosen] - offset[part])
+    votes = np.maximum.reduceat(np.concatenate([p.votes for p in parts])[order], starts)
+    ids = (np.uint64(shard) << np.uint64(_ROW_BITS)) | np.arange(first.size, dtype=np.uint64)
+    yield shard, Nodes(ids, digests[first], ranks[first], votes, signatures)
 
 
 # ---------------------------------------------------------------------------------------------
