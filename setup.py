@@ -23,6 +23,9 @@ setup(
         "tokenizers>=0.21",
         "zarr>=3.1,<4",
         "numcodecs>=0.15",
+        # CRC-32C of every chunk and staged file (transforms/checksums.py): a CPU instruction,
+        # zarr 3's own crc32c codec's implementation (zarr requires it already).
+        "google-crc32c>=1.5",
         "numpy>=1.26",
         # Exclusive creation (pipe_file(mode="create"): O_EXCL locally, ifGenerationMatch=0 on
         # GCS) claims an output for one run (transforms/write/ownership.py): fsspec and gcsfs 2025.3+.

@@ -63,6 +63,6 @@ def address_space_shortfall() -> str | None:
     soft, _ = resource.getrlimit(resource.RLIMIT_AS)
     if soft == resource.RLIM_INFINITY or soft >= MIN_ADDRESS_SPACE:
         return None
-    return (f"the address-space limit (ulimit -v) is {soft >> 20:,} MB, below the {MIN_ADDRESS_SPACE >> 20:,} MB "
+    return (f"the address-space limit (ulimit -v) is {soft >> 20:,} MiB, below the {MIN_ADDRESS_SPACE >> 20:,} MiB "
             f"a run needs at the least (more with more cores: every thread reserves address space); raise it, "
             f"e.g. ulimit -v unlimited")

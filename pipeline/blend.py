@@ -20,7 +20,11 @@ Batch k is positions [k*B, (k+1)*B) of the blend: a pure function of the splits,
 seed and arguments. ``start_step=k`` resumes there; it replays the choices (not the reads)
 of the k*B positions before it: 0.4-0.7 s per million positions for 2-8 splits (measured
 on one core), and no reads. A Blend pickles (its splits by URL), so a DataLoader worker or a restarted
-job can rebuild it.
+job can rebuild it. With ``rank=r, world_size=w``, host r blends its own shares of the splits
+(each split's stream for host r) by the same rule, in batches of B / w rows.
+
+The splits must share a tokenizer (the sha256 each dataset records in its provenance), else
+ValueError, unless ``allow_mixed_tokenizers=True``.
 """
 from __future__ import annotations
 
@@ -32,7 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from pipeline.reader import (BLOCK_TOKENS, BUFFER_BLOCKS, READ_THREADS, FlatTokensSplit, _batch, _count,
-                             _positive, _rows_of_rank, _WindowStream)
+                             _positive, _rank_rows, _WindowStream)
 
 _BLEND = 3  # the purpose word of the per-split seeds (reader's permutations use 1 and 2)
 
@@ -69,13 +73,42 @@ class _Choices:
         return out
 
 
+def tokenizer_of(split: FlatTokensSplit) -> dict | None:
+    """The tokenizer a split's dataset records (its provenance: spec, sha256, vocab_size...), or
+    None for a dataset that records none (not written by flat-tokens-beam)."""
+    recorded = split.attrs.get("tokenizer")
+    return recorded if isinstance(recorded, dict) and recorded.get("sha256") else None
+
+
+def _check_one_tokenizer(splits: list[FlatTokensSplit]) -> None:
+    """ValueError, naming two of them, unless every split records the same tokenizer (sha256 of
+    its tokenizer.json). A split that records none cannot be shown to agree, so it is refused
+    beside others too."""
+    def described(split: FlatTokensSplit) -> str:
+        t = tokenizer_of(split)
+        if t is None:
+            return f"{split.url}:{split.split} records no tokenizer"
+        return f"{split.url}:{split.split} was tokenized with {t.get('spec')} (sha256 {t['sha256']})"
+
+    first = splits[0]
+    for other in splits[1:]:
+        a, b = tokenizer_of(first), tokenizer_of(other)
+        if a is None or b is None or a["sha256"] != b["sha256"]:
+            raise ValueError(f"the blend's splits disagree on their tokenizer: {described(first)}, "
+                             f"{described(other)}; the same ids would mean different tokens. Pass "
+                             f"allow_mixed_tokenizers=True if that is what you want")
+
+
 class Blend:
     """Several splits blended by weight at training time (see the module's doc)."""
 
-    def __init__(self, splits: Sequence[FlatTokensSplit], weights: Sequence[float], seed: int = 0):
+    def __init__(self, splits: Sequence[FlatTokensSplit], weights: Sequence[float], seed: int = 0, *,
+                 allow_mixed_tokenizers: bool = False):
         self.splits = list(splits)
         if not self.splits:
             raise ValueError("a blend needs at least one split")
+        if not allow_mixed_tokenizers:
+            _check_one_tokenizer(self.splits)
         if len(weights) != len(self.splits):
             raise ValueError(f"{len(weights)} weights for {len(self.splits)} splits")
         values = []
@@ -88,6 +121,10 @@ class Blend:
                 raise ValueError(f"weights[{i}] must be a finite number > 0, got {w!r}")
             values.append(v)
         total = sum(values)
+        if not math.isfinite(total):  # huge weights: scale them down first, or each would be v / inf = 0
+            top = max(values)
+            values = [v / top for v in values]
+            total = sum(values)
         self.weights = [v / total for v in values]  # as Megatron normalises them
         self.seed = _count(seed, "seed", 0)
         if self.seed >= 1 << 64:
@@ -106,43 +143,49 @@ class Blend:
     def packed_batches(self, length: int, batch_size: int, *, start_step: int = 0, rank: int = 0,
                        world_size: int = 1, segments: bool = False, sources: bool = False,
                        block_tokens: int = BLOCK_TOKENS, buffer_blocks: int = BUFFER_BLOCKS) -> Iterator:
-        """Batches of the blend, endless: (inputs, targets), int32 of shape (batch_size, length).
+        """Batches of the blend, endless: (inputs, targets), int32 of shape
+        (batch_size / world_size, length).
 
         rank and world_size, segments, block_tokens and buffer_blocks as in
-        FlatTokensSplit.packed_batches. ``sources=True`` makes each batch a Batch whose
-        `sources` holds, for every token, the index of the split it came from (in `splits`)."""
+        FlatTokensSplit.packed_batches: host `rank` blends its own shares of the splits (each
+        split's stream for that rank) by the same rule, in batches of batch_size / world_size
+        rows, so it reads about 1/world_size of each split and every host's batch holds each
+        split's share. ``sources=True`` makes each batch a Batch whose `sources` holds, for every
+        token, the index of the split it came from (in `splits`)."""
         length = _positive(length)
         batch_size = _count(batch_size, "batch_size")
         start_step = _count(start_step, "start_step", 0)
-        rows = _rows_of_rank(batch_size, rank, world_size)
-        orders = [split._window_order(length, source_seed(self.seed, i), block_tokens, buffer_blocks)
-                  for i, split in enumerate(self.splits)]
-        for split, order in zip(self.splits, orders):
-            if order.num_windows == 0:
-                raise ValueError(f"{split.url}:{split.split} holds no full window of {length} tokens")
+        rank, world_size, rows = _rank_rows(batch_size, rank, world_size)
+        orders = self._orders(length, block_tokens, buffer_blocks, rank, world_size)
         if len(self.splits) >= 1 << 16 and sources:
             raise ValueError("sources are uint16: at most 65,535 splits")
-        return self._batches(orders, length, batch_size, start_step, rows, segments, sources)
+        return self._batches(orders, length, rows, start_step, segments, sources)
 
-    def _batches(self, orders, length: int, batch_size: int, start_step: int, rows: tuple[int, int],
-                 with_segments: bool, with_sources: bool) -> Iterator:
-        lo, hi = rows
+    def _orders(self, length: int, block_tokens, buffer_blocks, rank: int, world_size: int) -> list:
+        """Each split's window order for host `rank` (ValueError for a split with too few windows)."""
+        return [split._window_order(length, source_seed(self.seed, i), block_tokens, buffer_blocks, rank, world_size)
+                for i, split in enumerate(self.splits)]
+
+    def _batches(self, orders, length: int, rows: int, start_step: int, with_segments: bool,
+                 with_sources: bool, every: int = 1) -> Iterator:
+        """This host's batches: steps start_step, start_step + every, ... (a DataLoader worker
+        serves every `every`-th step; the choices of the others are made, not their reads)."""
         choices = _Choices(self.weights)
-        choices.advance(start_step * batch_size)  # the choices before the first batch, not their reads
+        choices.advance(start_step * rows)  # the choices before the first batch, not their reads
         pool = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="flat-tokens-blend")
         try:
             streams = [_WindowStream(split, order, length, pool, False) for split, order in zip(self.splits, orders)]
             while True:
                 before = list(choices.counts)
-                batch = choices.advance(batch_size)
-                mine = batch[lo:hi]
-                windows = np.empty((hi - lo, length), np.uint32)
+                batch = choices.advance(rows)
+                if every > 1:
+                    choices.advance((every - 1) * rows)  # the steps other workers serve
+                windows = np.empty((rows, length), np.uint32)
                 for i, stream in enumerate(streams):
-                    at = np.flatnonzero(mine == i)
+                    at = np.flatnonzero(batch == i)
                     if at.size:
-                        first = before[i] + int(np.count_nonzero(batch[:lo] == i))  # its windows taken so far
-                        windows[at] = stream.take(first, first + at.size)[0]
-                token_sources = np.repeat(mine.astype(np.uint16)[:, None], length, axis=1) if with_sources else None
+                        windows[at] = stream.take(before[i], before[i] + at.size)[0]
+                token_sources = np.repeat(batch.astype(np.uint16)[:, None], length, axis=1) if with_sources else None
                 yield _batch(windows, token_sources, with_segments)
         finally:
             pool.shutdown(wait=True, cancel_futures=True)

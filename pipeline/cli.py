@@ -15,6 +15,10 @@ COMMANDS = {
 }
 
 
+# What `run` and `export` need beyond the reader's numpy, zarr and fsspec (setup.py).
+PIPELINE_ONLY = {"apache_beam", "tokenizers", "orjson", "zstandard", "yaml", "pyarrow"}
+
+
 def usage() -> str:
     rows = "\n".join(f"  {name:8} {text}" for name, (_, text) in COMMANDS.items())
     return (f"usage: flat-tokens COMMAND [options]\n       flat-tokens --version\n\ncommands:\n{rows}\n\n"
@@ -52,7 +56,15 @@ def main(argv=None) -> int:
         return 2
     if argv[0] == "run":
         prefetch.head_start(argv[1:])  # before the run's modules (numpy, Beam) are imported
-    module = importlib.import_module(COMMANDS[argv[0]][0])
+    try:
+        module = importlib.import_module(COMMANDS[argv[0]][0])
+    except ModuleNotFoundError as e:
+        if e.name not in PIPELINE_ONLY:
+            raise
+        print(f"flat-tokens: error: `flat-tokens {argv[0]}` needs {e.name}, which this environment lacks: the "
+              f"reader-only install (flat-tokens-reader) reads datasets (verify, inspect) but runs no pipeline. "
+              f"Install flat-tokens-beam for `run` and `export`.", file=sys.stderr)
+        return 2
     return module.main(argv[1:])
 
 

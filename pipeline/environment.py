@@ -26,11 +26,13 @@ def workers_see_launcher_disk(options: PipelineOptions) -> bool:
     return worker_environment(options) is None
 
 
-def worker_environment(options: PipelineOptions):
+def worker_environment(options: PipelineOptions, report_dir: str | None = None):
     """The environment the default runner starts its SDK workers in when --environment_type
     asks for one (SUBPROCESS with a command in --environment_config, say), else None:
     in-process, or Beam's own multi_processing workers. OptionError for a kind of
-    environment the default runner cannot start."""
+    environment the default runner cannot start. With `report_dir`, a SUBPROCESS command is
+    started under pipeline/worker_guard.py, which reports a worker that ends with an error
+    there (the runner itself would wait for it forever)."""
     if options.view_as(StandardOptions).runner not in (None, "DirectRunner"):
         return None  # another runner reads --environment_type itself, or ignores it
     portable = options.view_as(PortableOptions)
@@ -47,4 +49,8 @@ def worker_environment(options: PipelineOptions):
                           f"starts them with {SUBPROCESS} (a command that starts one worker, in "
                           f"--environment_config), EXTERNAL (a worker pool) or DOCKER. PROCESS and LOOPBACK "
                           f"are for --runner=PortableRunner")
-    return Environment.from_options(portable)
+    environment = Environment.from_options(portable)
+    if report_dir is not None and hasattr(environment, "command_string"):  # SubprocessSDKEnvironment
+        from pipeline import worker_guard
+        environment.command_string = worker_guard.wrap(environment.command_string, report_dir)
+    return environment

@@ -1,14 +1,14 @@
 """The pipeline graph, as one sentence per step:
 
-    read the corpus -> tokenize it -> [drop duplicate texts] -> [weigh sources: count each
+    read the corpus -> tokenize it -> [drop duplicate texts] -> [limit document lengths] -> [weigh sources: count each
     source's train tokens, turn them into multipliers] -> shuffle it globally (making a
     mixture's copies) -> lay the shards out -> create the output -> report rejected lines
     -> check the rejected fraction -> write the flat-tokens arrays -> commit the dataset.
 
 The bracketed steps run with --dedup (exact or near: near-copies are found inside the
-dedup step, transforms/tokenize/near_dedup.py) and --mixture only; without them the graph is
-the plain one. Each step comes from the stage package named in its import, in the order of
-the sentence (the map: docs/design.md).
+dedup step, transforms/tokenize/near_dedup.py), --min_tokens or --max_tokens, and --mixture
+only; without them the graph is the plain one. Each step comes from the stage package named
+in its import, in the order of the sentence (the map: docs/design.md).
 
 `build_pipeline` only wires transforms; pipeline/plan.py turns options into the JobPlan it
 wires (listing files and loading the tokenizer there, so bad options fail before any
@@ -21,6 +21,7 @@ import apache_beam as beam
 from transforms.read import ReadCorpus
 from transforms.tokenize import TokenizeBatches
 from transforms.tokenize import DropDuplicates
+from transforms.tokenize import LimitLengths
 from transforms.shuffle import WeighSources
 from transforms.shuffle import ShuffleGlobally
 from transforms.write import LayOutShards
@@ -35,6 +36,7 @@ from transforms.counts import SumCounts
 from transforms.progress import show_counts
 from transforms.read.corpus import Corpus
 from transforms.records import TokenizedBatch
+from transforms.staging import StagingArea
 from transforms.shuffle.shuffle_globally import count_copies
 from transforms.shuffle.weigh_sources import count_source_documents
 from transforms.tokenize.staged import ReplayStagedUnits, TokenizeAndStage
@@ -72,6 +74,11 @@ def build_pipeline(p: beam.Pipeline, plan: JobPlan):
             plan.source_of_input if plan.mixture is not None else plan.record_sources, plan.near, plan.spill_dir)
         batches = distinct.batches
         counted.append(distinct.counts)
+    if plan.length_limits.active():
+        limited = batches | "LimitLengths" >> LimitLengths(
+            plan.length_limits, plan.source_of_input if plan.mixture is not None else None)
+        batches = limited.batches
+        counted.append(limited.counts)
     sampling = None
     if plan.mixture is not None:
         sampling, source_counts = batches | "WeighSources" >> WeighSources(
@@ -106,7 +113,8 @@ def build_pipeline(p: beam.Pipeline, plan: JobPlan):
         | "CreateOutput" >> beam.ParDo(
             CreateOutput(plan.target, plan.overwrite, plan.rejected_url, plan.expected_owner, area,
                          keep_arrays=bool(resume and resume.keep_arrays),
-                         resumable=plan.take_unfinished), layout_view))
+                         resumable=plan.take_unfinished, also_ours=plan.also_ours,
+                         rewrite=resume.rewrite if resume else ()), layout_view))
     reports = corpus.rejected | "ReportRejectedLines" >> WriteRejectedLines(
         plan.rejected_url, beam.pvalue.AsList(corpus.line_counts), singleton(created), so, plan.target.run_id)
     ready = counts | "CheckRejectedFraction" >> beam.ParDo(
@@ -115,5 +123,6 @@ def build_pipeline(p: beam.Pipeline, plan: JobPlan):
     receipts = shards | "WriteFlatTokens" >> WriteFlatTokens(
         plan.target, layout_view, singleton(ready), area, written, resume.chunks if resume else frozenset(),
         plan.spill_dir)
+    # The commit removes the staging area: with --no_staging it holds the command's record only.
     return (receipts, layout, counts) | "CommitDataset" >> CommitDataset(
-        plan.target, plan.provenance, plan.mixture, area)
+        plan.target, plan.provenance, plan.mixture, area or StagingArea(plan.target.url, so))

@@ -168,6 +168,22 @@ OPTIONS: tuple[Option, ...] = (
            help="share of documents re-encoded with HF tokenizers during the run to check a fast backend; "
                 "any difference fails the job",
            template=Template("Tokenizer check fraction", "fraction", example="1e-3")),
+    Option(name="min_tokens", group="tokenization", type=int, default=0,
+           help="drop documents of fewer tokens than this (counted in the summary and stats, as empty ones "
+                "are); 0 keeps every non-empty document",
+           template=Template("Minimum tokens per document", "count", example="16")),
+    Option(name="max_tokens", group="tokenization", type=int, default=0,
+           help="documents of more tokens than this are split or truncated (--long_documents); 0: no maximum",
+           template=Template("Maximum tokens per document", "count", example="8192")),
+    Option(name="long_documents", group="tokenization", choices=("split", "truncate"), default="split",
+           help="with --max_tokens: split a longer document into consecutive sequences of at most that many "
+                "tokens (kept in order, in one split), or truncate it to its first tokens",
+           template=Template("Documents longer than max_tokens", "choice",
+                             help="with max_tokens: split (a longer document becomes consecutive sequences of at "
+                                  "most max_tokens tokens, kept in order and in one split) or truncate (its first "
+                                  "max_tokens tokens)",
+                             choices=(("split", "split", "consecutive pieces of at most max_tokens tokens"),
+                                      ("truncate", "truncate", "the first max_tokens tokens")))),
     # split and shuffle
     Option(name="seed", group="split and shuffle", type=int, default=0,
            help="seed of the global shuffle and the split: 0 <= seed < 2**64",
@@ -185,7 +201,7 @@ OPTIONS: tuple[Option, ...] = (
                 "--validation_input",
            template=Template("Validation fraction", "fraction_below_1", example="0.01")),
     Option(name="num_shards", group="split and shuffle", type=int, default=0,
-           help=f"shuffle shards per split (0 = auto: one per ~{DEFAULT_SHARD_MB} MB of text). "
+           help=f"shuffle shards per split (0 = auto: one per ~{DEFAULT_SHARD_MB} MiB of text). "
                 f"Changes parallelism and memory only, never the output",
            template=Template("Shuffle shards per split", "count")),
     # output
@@ -256,8 +272,8 @@ OPTIONS: tuple[Option, ...] = (
            help="fail the job when more than this fraction of non-blank lines is rejected",
            template=Template("Maximum rejected fraction", "fraction")),
     Option(name="read_range_mb", group="limits and tuning", type=int, default=64,
-           help="uncompressed files are read in parallel ranges of this many MB",
-           template=Template("Read range (MB)", "positive_int")),
+           help="uncompressed files are read in parallel ranges of this many MiB (2**20 bytes)",
+           template=Template("Read range (MiB)", "positive_int")),
     Option(name="batch_documents", group="limits and tuning", type=int, default=8192,
            help="documents per batch between stages",
            template=Template("Documents per batch", "positive_int")),
@@ -362,6 +378,14 @@ def check_options(o: FlatTokensOptions) -> None:
     for name in ("tokens_chunk_size", "seq_starts_chunk_size", "read_range_mb", "batch_documents"):
         if getattr(o, name) < 1:
             raise OptionError(f"--{name} {getattr(o, name)}: must be a positive integer")
+    if o.min_tokens < 0 or o.max_tokens < 0:
+        raise OptionError("--min_tokens and --max_tokens must be >= 0 (0: no limit)")
+    if o.max_tokens and o.min_tokens > o.max_tokens:
+        raise OptionError(f"--min_tokens {o.min_tokens} is above --max_tokens {o.max_tokens}: every document kept "
+                          f"would be cut below the minimum; lower --min_tokens or raise --max_tokens")
+    if o.long_documents != "split" and not o.max_tokens:
+        raise OptionError(f"--long_documents {o.long_documents} needs --max_tokens (the length above which a "
+                          f"document is split or truncated)")
     if o.num_shards < 0 or o.chunks_per_shard < 0:
         raise OptionError("--num_shards and --chunks_per_shard must be >= 0")
     if o.chunks_per_shard and o.zarr_format != 3:

@@ -15,10 +15,11 @@ from pipeline.options import DEFAULT_SHARD_MB, FlatTokensOptions, OptionError, v
 from transforms.read import mixture as mix
 from transforms.read.corpus import peek_input
 from transforms.read.inputs import (JSONL, InputFile, ReadRange, absolute, check_no_overlap, check_readable,
-                                    input_index, list_inputs, read_ranges)
+                                    input_index, list_inputs, name_places, read_ranges)
 from transforms.read.jsonl_documents import check_text_key
 from transforms.read.parquet import RowGroup, list_row_groups
 from transforms.shuffle.sources import MAX_SOURCES
+from transforms.tokenize.lengths import LengthLimits
 from transforms.tokenize.minhash import MinHashSettings
 from transforms.tokenize.tokenizer import TokenizerInfo, resolve_tokenizer
 from transforms.write.zarr_store import StoreTarget
@@ -57,6 +58,8 @@ class JobPlan:
     source_of_input: list[int] | None = None  # with a mixture: the source of each input index
     record_sources: list[int] | None = None  # --record_sources: the recorded source of each input index
     skipped_files: list[str] = field(default_factory=list)  # in directory inputs, not data: not read
+    length_limits: LengthLimits = field(default_factory=LengthLimits)  # --min_tokens, --max_tokens
+    also_ours: tuple = ()  # top-level files of the output this run writes itself (a --summary_json there)
     resume: "Resume | None" = None  # noqa: F821 - what the staging area lets this run reuse (pipeline/resume.py)
 
     def read_ranges(self) -> list[ReadRange]:
@@ -120,9 +123,15 @@ def _list_inputs(o: FlatTokensOptions, storage_options: dict) -> _Inputs:
                           for f in listed(patterns, split, option, len(inputs.origins))]
                 inputs.origins += [f"{option} {p}" for p in patterns]
                 inputs.source_of_input += [index] * len(patterns)
+    # Keyed by their paths relative to the common root of them all: the same files, however named,
+    # give the same places (and so the same dataset).
+    named = name_places(inputs.train + inputs.validation)
+    inputs.train, inputs.validation = named[:len(inputs.train)], named[len(inputs.train):]
     for listing in listings:
         if listing.skipped:  # a warning: shown with --quiet too
             logging.getLogger("flat_tokens").warning(listing.skipped_message())
+        if listing.own:  # expected, when an output lies in its own input directory: said, not warned
+            logging.getLogger("flat_tokens").info(listing.own_message())
         inputs.skipped += [path for _, paths in listing.skipped for path in paths]
     return inputs
 
@@ -161,6 +170,7 @@ def plan_job(o: FlatTokensOptions, storage_options: dict | None = None, run_id: 
     tokenizer = resolve_tokenizer(o.tokenizer, storage_options, o.tokenizer_backend, peek.texts,
                                   o.tokenizer_check_fraction, o.split_special_tokens)
     record, names = _recorded_sources(o, inputs)
+    limits = LengthLimits(o.min_tokens, o.max_tokens, o.long_documents)
     target = StoreTarget(
         url=o.output, zarr_format=o.zarr_format, tokens_chunk=o.tokens_chunk_size,
         seq_starts_chunk=o.seq_starts_chunk_size, chunks_per_shard=o.chunks_per_shard or None,
@@ -177,6 +187,7 @@ def plan_job(o: FlatTokensOptions, storage_options: dict | None = None, run_id: 
         "text_key": o.text_key,
         "input_files": len(train_files) + len(valid_files),
         "dedup": o.dedup,
+        "document_lengths": limits.describe(),
         "package": {"name": "flat-tokens-beam", "version": __version__},
         "run_id": target.run_id,
         "rejected_output": rejected_output(o),
@@ -196,7 +207,7 @@ def plan_job(o: FlatTokensOptions, storage_options: dict | None = None, run_id: 
         dedup_shards=(o.num_shards or auto_shards(all_bytes)) if o.dedup != "none" else None,
         near=near_settings(o),
         mixture=inputs.mixture, source_of_input=inputs.source_of_input, record_sources=record,
-        skipped_files=inputs.skipped)
+        skipped_files=inputs.skipped, length_limits=limits)
 
 
 def near_settings(o: FlatTokensOptions) -> tuple[MinHashSettings, float] | None:

@@ -1,14 +1,22 @@
 """Reads that never serve zeros or another dataset's data (for pipeline.reader).
 
 zarr reads a chunk that is not in the store as the array's fill value: a lost chunk, or a
-dataset deleted under an open reader, would come back as token id 0, silently. And a reader
-that opened one run's dataset keeps its arrays' metadata: after `--overwrite` replaced the
+dataset deleted under an open reader, would come back as token id 0, silently. A flipped bit
+in a compressed chunk decodes, more often than not, to other token ids. And a reader that
+opened one run's dataset keeps its arrays' metadata: after `--overwrite` replaced the
 dataset with one of the same shape, it would read the new run's chunks as if they were the
-old run's. Two guards, one for each:
+old run's. Three guards, one for each:
 
 * `open_store` wraps the dataset's zarr store so that reading a chunk that does not exist
   raises MissingChunk (metadata documents may be absent: zarr asks for some that a format
   does not have). The read that finds the chunk missing costs nothing more.
+* The same store checks each chunk it reads whole against the checksum the chunk carries
+  (`check_chunks`, transforms/write/chunk_checksums.py: a CRC-32C of its stored bytes, so
+  every flipped bit is found), and raises CorruptChunk naming the chunk and the dataset.
+  zarr checks the crc32c/crc32 codecs itself as it decodes; with
+  zarr 3 sharding it reads inner chunks by byte range, and only zarr checks those. `read`
+  names the chunk whatever zarr raised (a truncated chunk of a dataset written before chunks
+  carried checksums raised a bare RuntimeError).
 * `RunGuard.check` reads the root attributes (one small object: `.zattrs`, or `zarr.json` for
   zarr 3) and raises DatasetReplaced unless they still name the run that was opened and say
   it is complete. The reader calls it *after* each block it reads: a replacing run removes
@@ -25,9 +33,12 @@ import json
 import os
 import posixpath
 
+import numpy as np
 import zarr
 from fsspec.core import url_to_fs
 from zarr.storage import FsspecStore, LocalStore, WrapperStore
+
+from transforms.write import chunk_checksums
 
 # Keys zarr may ask for that need not exist; every other key of a split is a chunk (or shard).
 METADATA_KEYS = frozenset({".zarray", ".zattrs", ".zgroup", ".zmetadata", "zarr.json"})
@@ -42,6 +53,10 @@ class MissingChunk(DatasetError):
     """A chunk the arrays' shapes say exists is not in the store."""
 
 
+class CorruptChunk(DatasetError):
+    """A chunk's stored bytes do not match the checksum they carry, or cannot be decoded."""
+
+
 class DatasetReplaced(DatasetError):
     """The dataset the reader opened is no longer the committed one at its URL."""
 
@@ -51,38 +66,102 @@ def _is_metadata(key: str) -> bool:
 
 
 class ChunksMustExist(WrapperStore):
-    """A read-only store in which a missing chunk is an error, never the fill value."""
+    """A read-only store in which a missing chunk is an error, never the fill value, and a
+    chunk read whole is checked against the checksum it carries (see `check_chunks`)."""
 
-    def __init__(self, store, url: str = ""):
+    def __init__(self, store, url: str = "", checksums: dict | None = None):
         super().__init__(store)
         self._url = url
+        self._checksums = {} if checksums is None else checksums  # array path -> scheme; shared by copies
 
     def _with_store(self, store):
-        return type(self)(store, self._url)
+        return type(self)(store, self._url, self._checksums)
+
+    def check_chunks(self, array_path: str, scheme: str | None) -> None:
+        """From now on, every chunk of the array at `array_path` (e.g. "train/encoded_tokens")
+        read whole is checked against its checksum under `scheme`
+        (transforms/write/chunk_checksums.py); None: not checked."""
+        self._checksums[array_path.strip("/")] = scheme
 
     def _missing(self, key: str) -> MissingChunk:
         return MissingChunk(f"{self._url}: chunk {key} is missing: the dataset lost data (or is being deleted); "
                             f"it cannot be read")
 
+    def _check(self, key: str, value, byte_range) -> None:
+        if value is None:
+            if not _is_metadata(key):
+                raise self._missing(key)
+            return
+        if byte_range is not None or not self._checksums or _is_metadata(key):
+            return
+        scheme = self._checksums.get(posixpath.dirname(key)) or self._checksums.get(
+            posixpath.dirname(posixpath.dirname(key)))  # zarr 2 "a/0", zarr 3 "a/c/0"
+        why = chunk_checksums.problem(value.as_numpy_array(), scheme)
+        if why:
+            raise CorruptChunk(f"{self._url}: chunk {key} is damaged: it {why}; the dataset cannot be trusted "
+                               f"there (rewrite it: rerun the command that wrote it with --overwrite)")
+
     async def get(self, key, prototype, byte_range=None):
         value = await self._store.get(key, prototype, byte_range)
-        if value is None and not _is_metadata(key):
-            raise self._missing(key)
+        self._check(key, value, byte_range)
         return value
 
     async def get_partial_values(self, prototype, key_ranges):
         key_ranges = list(key_ranges)
         values = await self._store.get_partial_values(prototype, key_ranges)
-        for (key, _), value in zip(key_ranges, values):
-            if value is None and not _is_metadata(key):
-                raise self._missing(key)
+        for (key, byte_range), value in zip(key_ranges, values):
+            self._check(key, value, byte_range)
         return values
 
     async def _get_many(self, requests):
+        requests = list(requests)
+        ranges = {key: byte_range for key, _, byte_range in requests}
         async for key, value in self._store._get_many(requests):
-            if value is None and not _is_metadata(key):
-                raise self._missing(key)
+            self._check(key, value, ranges.get(key))
             yield key, value
+
+
+def check_chunks(array: zarr.Array, path: str, scheme: str | None) -> None:
+    """Makes every whole-chunk read of `array` (at `path` under its store's root) check the
+    checksum the chunk carries, when its store is a ChunksMustExist. Sharded arrays are
+    read by byte range, which zarr's own crc32c codec checks."""
+    store = array.store_path.store
+    if isinstance(store, ChunksMustExist):
+        store.check_chunks(path, None if array.shards else scheme)
+
+
+def read(array: zarr.Array, lo: int, hi: int) -> np.ndarray:
+    """array[lo:hi]; whatever reading a chunk raises (a damaged or truncated chunk: zarr's
+    codecs, zstd), a DatasetError naming the chunk and the dataset."""
+    try:
+        return np.asarray(array[lo:hi])
+    except DatasetError:
+        raise
+    except Exception as e:  # noqa: BLE001 - every failure to decode is named below
+        store = array.store_path.store
+        url = store._url if isinstance(store, ChunksMustExist) else str(store)
+        raise _locate(array, lo, hi, url, array.path, e) from None
+
+
+def _locate(array: zarr.Array, lo: int, hi: int, url: str, path: str, error: Exception) -> DatasetError:
+    """The error naming the first chunk of [lo, hi) that cannot be read alone (re-read chunk by
+    chunk: only on this failure path), or the range when each chunk reads alone."""
+    n = array.shape[0]
+    block = int(array.shards[0]) if array.shards else int(array.chunks[0])
+    inner = int(array.chunks[0])
+    for first in range(lo - lo % inner, hi, inner):
+        a, b = first, min(n, first + inner)
+        try:
+            np.asarray(array[a:b])
+        except DatasetError as e:
+            return e
+        except Exception as e:  # noqa: BLE001
+            key = f"{path}/{array.metadata.encode_chunk_key((a // block,))}"
+            inside = f" (its inner chunk {(a % block) // inner})" if array.shards else ""
+            return CorruptChunk(f"{url}: chunk {key}{inside}, elements [{a}, {b}) of {path}, cannot be read: "
+                                f"{type(e).__name__}: {e}; the chunk is damaged or truncated (rewrite it: rerun the "
+                                f"command that wrote it with --overwrite)")
+    return CorruptChunk(f"{url}: {path}[{lo}:{hi}] cannot be read: {type(error).__name__}: {error}")
 
 
 def open_store(url: str, storage_options: dict | None = None) -> ChunksMustExist:

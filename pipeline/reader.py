@@ -14,9 +14,11 @@
     train.packed_batches(2048, 32, rank=1, world_size=4, segments=True, sources=True)  # -> Batch
 
 Only a committed dataset opens (root attributes ``format == "flat-tokens"`` and
-``complete is True``); anything else raises DatasetError. Reads never serve zeros or another
-dataset's data (pipeline/read_guard.py): a missing chunk raises MissingChunk, and a dataset
-deleted or replaced after it was opened raises DatasetReplaced at the next read. Opening reads metadata only;
+``complete is True``); anything else raises DatasetError. Reads never serve zeros, damaged
+data or another dataset's data (pipeline/read_guard.py): a missing chunk raises
+MissingChunk, a chunk that does not match the checksum it carries (or cannot be decoded)
+raises CorruptChunk naming it, and a dataset deleted or replaced after it was opened raises
+DatasetReplaced at the next read. Opening reads metadata only;
 every access reads exactly the slices it needs, so memory stays bounded whatever the size of
 the dataset, and random access is O(1) in it. Nothing is cached: a FlatTokensSplit holds no
 mutable state after construction, so one instance may be shared by reader threads (each
@@ -59,7 +61,8 @@ import numpy as np
 import zarr
 
 from pipeline import read_guard, verify
-from pipeline.read_guard import DatasetError, DatasetReplaced, MissingChunk, RunGuard  # noqa: F401 (API)
+from pipeline.read_guard import CorruptChunk, DatasetError, DatasetReplaced, MissingChunk, RunGuard  # noqa: F401 (API)
+from transforms.write import chunk_checksums
 
 SPLITS = ("train", "validation")
 TOKENS = "encoded_tokens"
@@ -218,21 +221,31 @@ def _permutation(n: int, key: tuple[int, ...]) -> np.ndarray:
 
 
 class _WindowOrder:
-    """The order in which packed_batches serves full windows: a pure function of
-    (num_windows, block_windows, buffer_blocks, seed), never of the storage's chunking.
+    """The order in which packed_batches serves full windows to host `rank` of `world_size`: a
+    pure function of (num_windows, block_windows, buffer_blocks, seed, rank, world_size), never
+    of the storage's chunking.
 
-    The stream is epoch 0, epoch 1, ...; each epoch holds every full window exactly once. In
-    epoch e the windows are cut into contiguous blocks of `block_windows` (the last one may be
-    shorter), the blocks are permuted (key: block order, e, seed), and taken `buffer_blocks` at
-    a time as shuffle buffers; buffer b serves its blocks' windows in a permuted order (key:
-    window order, e, b, seed). So any position of the stream is found without reading earlier
-    buffers."""
+    Epoch e: the windows are cut into contiguous blocks of `block_windows` (the last one may be
+    shorter), the blocks are permuted (key: block order, e, seed), and that sequence of windows
+    (block after block) is cut into shuffle buffers of `buffer_blocks` blocks; buffer b has a
+    permutation of its windows (key: window order, e, b, seed). None of this depends on the
+    world size. Host `rank` takes the share [rank*m, (rank+1)*m) of that sequence, m =
+    num_windows // world_size (the num_windows % world_size windows at its end sit out epoch
+    e), and serves it buffer by buffer, each buffer's windows in its permutation's order (those
+    of a buffer cut by the share's ends in the order the permutation gives them). So a host
+    reads only its share, about 1/world_size of the split, the shares of an epoch together hold
+    each of its windows at most once, with world_size 1 the share is the whole epoch, and any
+    position of a host's stream (epoch 0's share, then epoch 1's, ...) is found without
+    reading earlier buffers."""
 
-    def __init__(self, num_windows: int, block_windows: int, buffer_blocks: int, seed: int):
+    def __init__(self, num_windows: int, block_windows: int, buffer_blocks: int, seed: int, rank: int = 0,
+                 world_size: int = 1):
         self.num_windows = num_windows
         self.block_windows = block_windows
         self.buffer_blocks = buffer_blocks
         self.seed = seed
+        self.rank, self.world_size = rank, world_size
+        self.share = num_windows // world_size  # windows this host serves per epoch
         self.num_blocks = -(-num_windows // block_windows)
         self._epoch: tuple | None = None  # (e, blocks in order, buffer starts): the last epoch used
 
@@ -248,16 +261,27 @@ class _WindowOrder:
         return self._epoch[1], self._epoch[2]
 
     def buffer_at(self, position: int) -> tuple[int, int, list[tuple[int, int]], np.ndarray]:
-        """The shuffle buffer serving stream position `position`: (its first position, its end,
-        its blocks as (first window, windows) in row order, the rows in serving order)."""
-        epoch, q = divmod(position, self.num_windows)
+        """The shuffle buffer (or the part of one in this host's share) serving position
+        `position` of this host's stream: (its first position, its end, its runs of consecutive
+        windows as (first window, windows) in row order, the rows in serving order)."""
+        epoch, q = divmod(position, self.share)
         blocks, starts = self._plan(epoch)
-        b = int(np.searchsorted(starts, q, "right")) - 1
-        mine = blocks[b * self.buffer_blocks:(b + 1) * self.buffer_blocks].tolist()
-        ranges = [(k * self.block_windows, min(self.block_windows, self.num_windows - k * self.block_windows))
-                  for k in mine]
-        first, end = epoch * self.num_windows + int(starts[b]), epoch * self.num_windows + int(starts[b + 1])
-        return first, end, ranges, _permutation(end - first, (_WINDOW_ORDER, epoch, b, self.seed))
+        offset = self.rank * self.share  # of this host's share in the epoch's sequence
+        b = int(np.searchsorted(starts, offset + q, "right")) - 1
+        lo = max(int(starts[b]), offset) - int(starts[b])  # the share's rows of buffer b: [lo, hi)
+        hi = min(int(starts[b + 1]), offset + self.share) - int(starts[b])
+        ranges, row = [], 0
+        for k in blocks[b * self.buffer_blocks:(b + 1) * self.buffer_blocks].tolist():
+            count = min(self.block_windows, self.num_windows - k * self.block_windows)
+            a, z = max(row, lo), min(row + count, hi)
+            if a < z:
+                ranges.append((k * self.block_windows + a - row, z - a))
+            row += count
+        serving = _permutation(int(starts[b + 1] - starts[b]), (_WINDOW_ORDER, epoch, b, self.seed))
+        if (lo, hi) != (0, serving.size):
+            serving = serving[(serving >= lo) & (serving < hi)] - lo
+        first = epoch * self.share + int(starts[b]) + lo - offset
+        return first, first + hi - lo, ranges, serving
 
 
 class _ShuffleBuffer:
@@ -325,6 +349,12 @@ class FlatTokensSplit:
             if self._sources.shape[0] != self.num_sequences:
                 raise DatasetError(f"{self.url}: {split}/{SEQ_SOURCES} has {self._sources.shape[0]} entries for "
                                    f"{self.num_sequences} sequences")
+        # Every chunk read is checked against the checksum it carries (None: a dataset written
+        # before chunks carried one, read unchecked).
+        self.chunk_checksums: str | None = chunk_checksums.of_dataset(self.attrs)
+        for arr in (self._tokens, self._starts, self._sources):
+            if arr is not None:
+                read_guard.check_chunks(arr, arr.path, self.chunk_checksums)
         names = self.attrs.get("sources")
         self.source_names: list[str] | None = list(names) if self._sources is not None and names else None
 
@@ -346,7 +376,7 @@ class FlatTokensSplit:
     def _read(self, arr, lo: int, hi: int, check: bool = True) -> np.ndarray:
         """arr[lo:hi]: a missing chunk raises MissingChunk (read_guard), and with `check` the run
         is confirmed after the read, so the values are the opened run's or an error is raised."""
-        values = np.asarray(arr[lo:hi])
+        values = read_guard.read(arr, lo, hi)
         if check:
             self._guard.check()
         return values
@@ -542,7 +572,8 @@ class FlatTokensSplit:
                        epochs: int | None = None, rank: int = 0, world_size: int = 1, segments: bool = False,
                        sources: bool = False, block_tokens: int = BLOCK_TOKENS,
                        buffer_blocks: int = BUFFER_BLOCKS) -> Iterator:
-        """Shuffled batches of full windows: (inputs, targets), int32 of shape (batch_size, length).
+        """Shuffled batches of full windows: (inputs, targets), int32 of shape
+        (batch_size / world_size, length).
 
         The windows form a stream: epoch 0, then epoch 1, ...; each epoch holds every full window
         (``num_windows(length)``) exactly once, in an order drawn from (seed, epoch). Batch k is
@@ -551,13 +582,19 @@ class FlatTokensSplit:
         it. With ``epochs=None`` the stream never ends and every batch is full (a batch may hold
         the end of one epoch and the start of the next); with ``epochs=n`` it ends after n
         epochs, and its last batch is smaller when n * num_windows is not a multiple of
-        batch_size. No full window: no batches.
+        batch_size. A split with no full window raises ValueError.
 
-        Data parallel hosts: with ``world_size=w`` (which must divide batch_size), host ``rank``
-        gets rows [rank*batch_size/w, (rank+1)*batch_size/w) of every global batch, so the
-        hosts' rows together are exactly the single-host stream, and every host yields the same
-        number of batches (with ``epochs``, a host's part of the last batch may be short or
-        empty). Each host reads only the blocks that hold one of its windows.
+        Data parallel hosts: ``world_size=w`` (which must divide batch_size) gives each epoch's
+        windows to the w hosts in equal shares of m = num_windows // w (the num_windows % w left
+        over sit out that epoch: a different few each epoch), and host ``rank`` serves its share
+        as a stream of its own, in batches of batch_size / w rows: epoch 0's share, epoch 1's,
+        ... (see _WindowOrder). So a host reads about 1/w of the split per epoch; global batch
+        k, the hosts' batches k together, is a pure function of (seed, k, w); every host yields
+        the same number of batches, and resumes with ``start_step`` alone. world_size=1 is the
+        single-host stream. A job that resumes at step k with another world size serves, from
+        there, the new hosts' streams at step k: the epoch holding step k is then served in part
+        twice and in part not at all (at most once more, at most once less), and the epochs
+        after it as a fresh run with the new world size serves them.
 
         ``segments=True`` and ``sources=True`` make each batch a Batch with segment_ids and
         positions (see `segments`), or each token's source id (datasets written with
@@ -572,40 +609,46 @@ class FlatTokensSplit:
         length = _positive(length)
         batch_size = _count(batch_size, "batch_size")
         start_step = _count(start_step, "start_step", 0)
-        lo, hi = _rows_of_rank(batch_size, rank, world_size)
+        rank, world_size, rows = _rank_rows(batch_size, rank, world_size)
         if sources:
             self._need_sources()
         if epochs is not None:
             epochs = _count(epochs, "epochs", 0)
-        order = self._window_order(length, seed, block_tokens, buffer_blocks)
-        return self._packed_batches(order, length, batch_size, start_step, epochs, (lo, hi), segments, sources)
+        order = self._window_order(length, seed, block_tokens, buffer_blocks, rank, world_size)
+        return self._packed_batches(order, length, rows, start_step, epochs, segments, sources)
 
-    def _window_order(self, length: int, seed, block_tokens, buffer_blocks) -> "_WindowOrder":
+    def _window_order(self, length: int, seed, block_tokens, buffer_blocks, rank: int = 0,
+                      world_size: int = 1) -> "_WindowOrder":
+        """The window order of packed_batches; ValueError when a host would get no window."""
         seed = _count(seed, "seed", 0)
         if seed >= 1 << 64:
             raise ValueError(f"seed must be < 2**64, got {seed}")
-        return _WindowOrder(self.num_windows(length), max(1, _count(block_tokens, "block_tokens") // length),
-                            _count(buffer_blocks, "buffer_blocks"), seed)
+        n = self.num_windows(length)
+        if n < world_size:
+            held = f"holds no full window of {length} tokens" if n == 0 else \
+                f"holds {n} full windows of {length} tokens, fewer than world_size {world_size}"
+            raise ValueError(f"{self.url}:{self.split} {held} ({self.num_tokens} tokens): there is nothing to "
+                             f"serve{'' if n == 0 else ' to every host'}")
+        return _WindowOrder(n, max(1, _count(block_tokens, "block_tokens") // length),
+                            _count(buffer_blocks, "buffer_blocks"), seed, rank, world_size)
 
-    def _packed_batches(self, order: _WindowOrder, length: int, batch_size: int, start_step: int,
-                        epochs: int | None, rows: tuple[int, int], with_segments: bool,
-                        with_sources: bool) -> Iterator:
-        if order.num_windows == 0:
-            return
-        total = None if epochs is None else epochs * order.num_windows  # stream positions
-        lo, hi = rows
-        wanted = None if (lo, hi) == (0, batch_size) else _serves_rows(batch_size, lo, hi)
+    def _packed_batches(self, order: _WindowOrder, length: int, rows: int, start_step: int, epochs: int | None,
+                        with_segments: bool, with_sources: bool, every: int = 1) -> Iterator:
+        """This host's batches of `rows` windows: steps start_step, start_step + every, ... (a
+        DataLoader worker serves every `every`-th step, and reads only the blocks they hold)."""
+        total = None if epochs is None else epochs * order.share  # positions of this host's stream
+        wanted = None if every == 1 else _serves_steps(rows, start_step % every, every)
         pool = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="flat-tokens-read")
         try:
             stream = _WindowStream(self, order, length, pool, with_sources, total, wanted)
             step = start_step
-            while total is None or step * batch_size < total:
-                first, stop = step * batch_size + lo, step * batch_size + hi
+            while total is None or step * rows < total:
+                first, stop = step * rows, (step + 1) * rows
                 if total is not None:
-                    first, stop = min(first, total), min(stop, total)
+                    stop = min(stop, total)
                 windows, token_sources = stream.take(first, stop)
                 yield _batch(windows, token_sources, with_segments)
-                step += 1
+                step += every
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
 
@@ -640,8 +683,8 @@ class FlatTokensSplit:
         self._guard.check()
 
 
-def _rows_of_rank(batch_size: int, rank, world_size) -> tuple[int, int]:
-    """The rows [lo, hi) of each global batch that host `rank` of `world_size` serves."""
+def _rank_rows(batch_size: int, rank, world_size) -> tuple[int, int, int]:
+    """(rank, world_size, the rows of each of this host's batches), checked."""
     world_size = _count(world_size, "world_size")
     rank = _count(rank, "rank", 0)
     if rank >= world_size:
@@ -649,16 +692,16 @@ def _rows_of_rank(batch_size: int, rank, world_size) -> tuple[int, int]:
     if batch_size % world_size:
         raise ValueError(f"batch_size {batch_size} is not divisible by world_size {world_size}: every host "
                          f"must get the same number of rows")
-    share = batch_size // world_size
-    return rank * share, (rank + 1) * share
+    return rank, world_size, batch_size // world_size
 
 
-def _serves_rows(batch_size: int, lo: int, hi: int):
-    """wanted(first, end) for a host serving rows [lo, hi) of each batch: a mask over the stream
-    positions [first, end), true where the position falls in those rows."""
+def _serves_steps(rows: int, phase: int, every: int):
+    """wanted(first, end) for a stream of `rows`-window batches of which every `every`-th step
+    is served, from step `phase` on: a mask over the positions [first, end), true where the
+    position's step is served."""
     def wanted(first: int, end: int) -> np.ndarray:
-        row = np.arange(first, end, dtype=np.int64) % batch_size
-        return (row >= lo) & (row < hi)
+        step = np.arange(first, end, dtype=np.int64) // rows
+        return step % every == phase
     return wanted
 
 

@@ -2,12 +2,25 @@
 --output (transforms/staging.py) holds that is still good for it, and how much was reused.
 
 Rerunning the command that made an unfinished output resumes it: no --overwrite needed. The
-staging area names that command (`command.json`: a hash of its options), so a different
-command still needs --overwrite, as for any existing output; staged work is reused by key
-whichever command finds it, so what a changed option or input does not affect is reused then
-too. A committed dataset is never resumed (its staging area went with the commit).
+staging area names that command (`command.json`: a hash of its options, the options
+themselves, the tokenizer's sha256 and the input files as listed), so a different command
+still needs --overwrite, as for any existing output, and is told which options differ;
+staged work is reused by key whichever command finds it, so what a changed option or input
+does not affect is reused then too, and the launcher says what changed and what is redone.
+A committed dataset is never resumed (its staging area went with the commit): its
+provenance names the command and input that built it, so the same command finds it
+already built (`built_by`, `input_changes`).
+
+Nothing staged is trusted on its name alone (issue 27): before it chooses what to reuse, the
+launcher checks every staged file against the checksum written with it, and every chunk a
+shard record or chunk mark vouches for against the size and CRC-32C that landed (`_check_units`,
+`_check_written`). What is damaged is redone: a unit is read and tokenized again, a shard written again
+(its damaged chunks deleted first, fenced, by CreateOutput: transforms/write/create_output.py),
+a shared chunk merged again. The summary counts them (`reused.damaged`).
 """
 import os
+import posixpath
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from pipeline import __version__
@@ -15,24 +28,130 @@ from pipeline.options import OPTIONS, FlatTokensOptions
 from transforms import staging
 from transforms.read.staged_reads import unit_start
 from transforms.staging import StagingArea, Staged
+from transforms.write import zarr_store
+from transforms.checksums import Damaged, Sum, damaged_objects
+from transforms.write.object_trees import gcs_entries, is_gcs
 from transforms.write.ownership import CONFLICT_PREFIX
-from transforms.write.zarr_store import array_length
+from transforms.write.zarr_store import array_length, filesystem
 
-# Options that change nothing a run writes: they do not make another command.
-_NOT_THE_COMMAND = {"overwrite", "restart", "no_staging", "summary_json", "progress_interval", "quiet", "verbose"}
+CHECK_THREADS = 16  # staged files and chunks checked at once (object stores: latency)
+
+# Options that change nothing a run writes: they do not make another command. Nor does --output:
+# a command is compared with what is at its output, and a dataset copied elsewhere is what the
+# same command would build there.
+_NOT_THE_COMMAND = {"output", "overwrite", "restart", "no_staging", "summary_json", "progress_interval", "quiet",
+                    "verbose"}
 COMPRESSION_RATIO_GUESS = 4  # as pipeline/plan.py: progress only
 
 
+def given_options(o: FlatTokensOptions) -> dict:
+    """Every option that a user gives to say what to make, by name. Beam's options (the
+    runner, its workers) are not among them: a job resumes anywhere."""
+    return {opt.name: getattr(o, opt.name) for opt in OPTIONS if opt.name not in _NOT_THE_COMMAND}
+
+
 def command_key(o: FlatTokensOptions) -> str:
-    """What makes a command this command: every option that a user gives to say what to
-    make. Beam's options (the runner, its workers) are not in it: a job resumes anywhere."""
-    return staging.key_of({opt.name: getattr(o, opt.name) for opt in OPTIONS if opt.name not in _NOT_THE_COMMAND})
+    """What makes a command this command: a hash of given_options."""
+    return staging.key_of(given_options(o))
 
 
-def same_command(o: FlatTokensOptions, storage_options: dict | None = None) -> bool:
-    """Whether the staging area at --output names this command (one small read)."""
-    found = StagingArea(o.output, storage_options).read_json(staging.COMMAND) or {}
-    return found.get("command") == command_key(o)
+def earlier_command(o: FlatTokensOptions, storage_options: dict | None = None) -> dict | None:
+    """The record of the command that made the unfinished output at --output (`command.json`
+    in its staging area: one small read), or None."""
+    return StagingArea(o.output, storage_options).read_json(staging.COMMAND)
+
+
+def is_command(record: dict | None, o: FlatTokensOptions) -> bool:
+    return bool(record) and record.get("command") == command_key(o)
+
+
+def _shown(value) -> str:
+    if value is None or value is False:
+        return "(not given)" if value is None else "off"
+    if value is True:
+        return "on"
+    return " ".join(map(str, value)) if isinstance(value, list) else str(value)
+
+
+def option_changes(record: dict | None, o: FlatTokensOptions) -> list[str]:
+    """'--seed 0 -> 7' for each option that differs from the recorded command's (options a
+    record of an older version does not hold are not compared)."""
+    recorded = (record or {}).get("options") or {}
+    return [f"--{name} {_shown(recorded[name])} -> {_shown(value)}"
+            for name, value in given_options(o).items() if name in recorded and recorded[name] != value]
+
+
+def _file_record(plan) -> dict:
+    """Each input file as listed: absolute URL -> [size, version]."""
+    return {(os.path.abspath(f.url.removeprefix("file://")) if staging.is_local(f.url) else f.url):
+            [f.size, f.version or ""] for f in plan.files}
+
+
+def command_record(o: FlatTokensOptions, plan) -> dict:
+    """What the staging area says about the command that made it: what a rerun compares."""
+    return {"command": command_key(o), "options": given_options(o), "tokenizer": plan.tokenizer.sha256,
+            "mixture": repr(plan.mixture), "files": _file_record(plan)}
+
+
+def built_from(o: FlatTokensOptions, plan) -> dict:
+    """The provenance's `command` attribute: this command, and a digest of what it read (the
+    input files as listed, the tokenizer's content, the parsed mixture). A rerun of the same
+    command over the same input finds the dataset already built."""
+    return {"key": command_key(o), "options": given_options(o), "inputs": staging.key_of(
+        {"files": _file_record(plan), "tokenizer": plan.tokenizer.sha256, "mixture": repr(plan.mixture)})}
+
+
+def committed_here(o: FlatTokensOptions, storage_options: dict | None = None) -> dict | None:
+    """The root attributes of the committed dataset at --output, or None (nothing committed
+    there, or not a dataset at all: the usual checks say what)."""
+    try:
+        attrs = zarr_store.read_root_attributes(o.output, storage_options)
+    except Exception:
+        return None
+    return attrs if attrs.get("complete") is True else None
+
+
+def built_by(attrs: dict | None, o: FlatTokensOptions) -> bool:
+    """Whether a committed dataset's provenance names this very command (`command` key)."""
+    built = (attrs or {}).get("command")
+    return isinstance(built, dict) and built.get("key") == command_key(o)
+
+
+def input_changes(attrs: dict, o: FlatTokensOptions, plan) -> str | None:
+    """None when the dataset `attrs` describe was built from the input this command reads
+    now; else what differs, in words."""
+    if attrs["command"].get("inputs") == built_from(o, plan)["inputs"]:
+        return None
+    then = (attrs.get("tokenizer") or {}).get("sha256")
+    if then and then != plan.tokenizer.sha256:
+        return f"the tokenizer's content differs (sha256 {then[:12]}... then, {plan.tokenizer.sha256[:12]}... now)"
+    if attrs.get("input_files") != len(plan.files):
+        return f"it was built from {attrs.get('input_files')} input files, and {len(plan.files)} are listed now"
+    return "an input file (or the mixture file) changed since: its size or modification time differs"
+
+
+def _what_changed(record: dict | None, o: FlatTokensOptions, plan) -> list[str]:
+    """What differs between the command that staged work here and this one, in words."""
+    if not record:
+        return []
+    changes = option_changes(record, o)
+    then = record.get("tokenizer")
+    if then and then != plan.tokenizer.sha256:
+        changes.append(f"the tokenizer's content changed (sha256 {then[:12]}... -> {plan.tokenizer.sha256[:12]}...)")
+    files, now = record.get("files"), _file_record(plan)
+    if isinstance(files, dict):
+        changed = [url for url, listed in now.items() if url in files and files[url] != listed]
+        added, gone = [url for url in now if url not in files], [url for url in files if url not in now]
+        for what, urls in (("changed (size or modification time)", changed), ("new", added), ("gone", gone)):
+            if urls:
+                changes.append(f"input {'file' if len(urls) == 1 else 'files'} {what}: {_few(urls)}")
+    if record.get("mixture") not in (None, repr(plan.mixture)):
+        changes.append("the mixture file's sources changed")
+    return changes
+
+
+def _few(names: list[str], limit: int = 3) -> str:
+    return ", ".join(names[:limit]) + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
 def file_version(f, storage_options: dict | None = None) -> str:
@@ -65,6 +184,9 @@ def _unit_text_bytes(unit) -> int:
     return (end - unit.start) * (COMPRESSION_RATIO_GUESS if f.compression else 1)
 
 
+DAMAGE_KINDS = ("staged_units", "shard_records", "chunk_marks", "chunks")
+
+
 @dataclass
 class Resume:
     """What this run reuses. Units are read or replayed; shards are written or replayed."""
@@ -78,6 +200,15 @@ class Resume:
     chunks: frozenset = frozenset()  # shared chunks recorded as written: (split, array, index)
     keep_arrays: bool = False
     reused_chunks: int = 0
+    changes: list = field(default_factory=list)  # what differs from the command that staged work here
+    stale_units: int = 0  # staged units whose keys this job's no longer match: read and tokenized again
+    stale_chunks: int = 0  # chunks written by another job: written again
+    # Damaged since they were written, so redone, not reused: counts by kind ("staged units",
+    # "shard records", "chunk marks", "chunks"), a line naming each, and the chunk objects
+    # (paths under the output) CreateOutput deletes before they are written again.
+    damaged: dict = field(default_factory=dict)
+    damage: list = field(default_factory=list)
+    rewrite: tuple = ()
 
     def unread(self, units: list) -> list:
         """The units (ReadRanges or RowGroups) that must be read: those not replayed."""
@@ -92,7 +223,8 @@ class Resume:
                 length = array_length(name, stats[split]["tokens"], stats[split]["sequences"])
                 total += -(-length // self.target.write_block(name))
         return {"input_units": len(self.units), "input_units_total": self.unit_total,
-                "chunks": self.reused_chunks, "chunks_total": total}
+                "chunks": self.reused_chunks, "chunks_total": total,
+                "damaged": {kind: self.damaged.get(kind, 0) for kind in DAMAGE_KINDS}}
 
 
 def unit_keys(plan, storage_options: dict | None = None) -> tuple[dict, dict]:
@@ -131,6 +263,7 @@ def job_key(plan, units: dict) -> str:
         "seed": plan.seed, "validation_fraction": plan.validation_fraction, "num_shards": plan.num_shards,
         "dedup_shards": plan.dedup_shards, "mixture": repr(plan.mixture), "source_of_input": plan.source_of_input,
         "record_sources": plan.record_sources, "storage": plan.target.describe(),
+        "lengths": plan.length_limits.describe(),
         "arrays": list(plan.target.arrays())})
 
 
@@ -138,37 +271,182 @@ def prepare(plan, o: FlatTokensOptions, found, storage_options: dict | None = No
     """Keys this job's work, looks at the staging area once and decides what to reuse; then
     names this command there. `found`: the launcher's OutputState of --output. With
     --restart or --no_staging, the staging area is thrown away first (the output is this
-    tool's: checked); with --no_staging nothing is kept (None)."""
+    tool's: checked); with --no_staging nothing is kept (None) but the command's record, so
+    that rerunning the same command starts over without --overwrite."""
+    area = StagingArea(o.output, storage_options)
     if o.no_staging:
         if found.kind == "dataset":
-            StagingArea(o.output, storage_options).remove()
+            area.remove()
+        area.put_json(staging.COMMAND, command_record(o, plan))
         return None
     units, sizes = unit_keys(plan, storage_options)
     area = StagingArea(o.output, storage_options, job_key(plan, units), units)
-    staged = Staged()
+    staged, record = Staged(), None
     if found.kind == "dataset":
         if o.restart:
             area.remove()
         else:
-            staged = area.listing()
+            staged, record = area.listing(), area.read_json(staging.COMMAND)
     resume = Resume(area, plan.target, unit_total=len(sizes))
-    resume.units = sorted((key, name, sizes[key]) for key, name in staged.units.items() if key in sizes)
+    units = {key: name for key, name in staged.units.items() if key in sizes}
+    units = _whole(resume, "staged_units", _check_units(area, units, staged.entries))
+    resume.units = sorted((key, name, sizes[key]) for key, name in units.items())
+    resume.stale_units = sum(1 for key in staged.units if key not in sizes)
     conflicts = any(n.startswith(CONFLICT_PREFIX) for n in found.names)
     if (found.kind == "dataset" and not found.committed and not conflicts
             and staged.arrays_key == area.job_key):
         resume.keep_arrays = True
-        records = staged.shards.get(area.job_key, {})
+        records, marks = _check_written(resume, staged.shards.get(area.job_key, {}),
+                                        staged.chunks.get(area.job_key, set()))
         resume.shards = sorted(name for _, name in records.values())
         resume.finished = frozenset(records)
-        resume.chunks = frozenset(staged.chunks.get(area.job_key, set()))
+        resume.chunks = frozenset(marks)
         resume.reused_chunks = sum(n for n, _ in records.values()) + len(resume.chunks)
-    area.put_json(staging.COMMAND, {"command": command_key(o)})
+    elif staged.arrays_key:
+        resume.stale_chunks = (sum(n for n, _ in staged.shards.get(staged.arrays_key, {}).values())
+                               + len(staged.chunks.get(staged.arrays_key, ())))
+    if resume.stale_units or resume.stale_chunks:
+        resume.changes = _what_changed(record, o, plan)
+    area.put_json(staging.COMMAND, command_record(o, plan))
     return resume
 
 
-def describe(resume: Resume | None) -> str | None:
-    """The launcher's line when it found staged work to reuse."""
-    if resume is None or not resume.units and not resume.shards and not resume.keep_arrays:
+def _whole(resume: Resume, kind: str, checked: dict) -> dict:
+    """The checked items that are whole ({key: value}); counts and names the damaged ones
+    (checked: {key: (value, None) or (None, why)})."""
+    whole = {}
+    for key, (value, why) in checked.items():
+        if why is None:
+            whole[key] = value
+        else:
+            resume.damaged[kind] = resume.damaged.get(kind, 0) + 1
+            resume.damage.append(why)
+    return whole
+
+
+def _check_units(area: StagingArea, units: dict, entries: dict) -> dict:
+    """{unit: (account name, None)} for each whole unit, {unit: (None, why)} for a damaged one:
+    its account and every batch it names (the `.batch`, and the ids against the Sum sealed
+    there) match the checksums written with them. The ids are read once (locally: the
+    shuffle maps them afterwards from the page cache); GCS lists their CRC-32C, so nothing is
+    read there but the small accounts and `.batch` objects."""
+    def check(item):
+        unit, name = item
+        try:
+            account = area.read_unit(unit, name)
+            for place in account["places"]:
+                area.check_batch(unit, place, entries)
+        except Damaged as e:
+            return unit, (None, str(e))
+        except FileNotFoundError as e:  # went since the listing
+            return unit, (None, f"staged file {e.filename or e}: gone")
+        return unit, (name, None)
+
+    with ThreadPoolExecutor(CHECK_THREADS) as pool:
+        return dict(pool.map(check, sorted(units.items())))
+
+
+def _check_written(resume: Resume, records: dict, marks: set) -> tuple[dict, set]:
+    """The shard records and chunk marks of this job's arrays that can be trusted: each whole
+    (its checksum), and every chunk object it vouches for stored with the size and CRC-32C
+    that landed. The damaged chunk objects go to `resume.rewrite`."""
+    area, target = resume.area, resume.target
+    fs, base = filesystem(target.url, target.storage_options)
+    base = base.rstrip("/")
+
+    def read_record(item):
+        shard, (chunks, name) = item
+        try:
+            header, _ = area.read_shard(area.job_key, name)
+            objects = [(f"{base}/{header['split']}/{key}", Sum(size, crc)) for key, size, crc in header["objects"]]
+            return shard, objects, None
+        except (Damaged, KeyError, TypeError, ValueError) as e:
+            return shard, None, str(e) if isinstance(e, Damaged) else f"shard record {name}: damaged: {e}"
+        except FileNotFoundError as e:
+            return shard, None, f"staged file {e.filename or e}: gone"
+
+    def read_mark(mark):
+        split, array, index = mark
+        try:
+            return mark, [(f"{base}/{split}/{key}", summed) for key, summed in
+                          area.read_chunk_mark(area.job_key, split, array, index)], None
+        except Damaged as e:
+            return mark, None, str(e)
+        except FileNotFoundError as e:
+            return mark, None, f"staged file {e.filename or e}: gone"
+
+    with ThreadPoolExecutor(CHECK_THREADS) as pool:
+        read_records = list(pool.map(read_record, sorted(records.items())))
+        read_marks = list(pool.map(read_mark, sorted(marks)))
+    expected = {path: summed for _, objects, _ in read_records + read_marks if objects for path, summed in objects}
+    listed = _listed_chunks(fs, base, expected) if is_gcs(fs) else {}
+    broken = damaged_objects(fs, expected, listed, CHECK_THREADS)
+    resume.rewrite = tuple(sorted(posixpath.relpath(p, base) for p in broken))
+    for path, why in sorted(broken.items()):
+        resume.damaged["chunks"] = resume.damaged.get("chunks", 0) + 1
+        resume.damage.append(f"chunk {target.url.rstrip('/')}/{posixpath.relpath(path, base)}: {why}")
+    good_records, good_marks = {}, set()
+    for kind, items in (("shard_records", read_records), ("chunk_marks", read_marks)):
+        for key, objects, why in items:
+            if objects is None:
+                resume.damaged[kind] = resume.damaged.get(kind, 0) + 1
+                resume.damage.append(why)
+            elif not any(path in broken for path, _ in objects):
+                if kind == "shard_records":
+                    good_records[key] = records[key]
+                else:
+                    good_marks.add(key)
+    return good_records, good_marks
+
+
+def _listed_chunks(fs, base: str, expected: dict) -> dict:
+    """{path: listing entry (size, CRC-32C)} of the expected chunk objects, one GCS listing of
+    each array, page by page: no chunk is read."""
+    listed = {}
+    arrays = {posixpath.join(*posixpath.relpath(p, base).split("/")[:2]) for p in expected}
+    for array in sorted(arrays):
+        listed.update((path, entry) for path, entry in gcs_entries(fs, f"{base}/{array}") if path in expected)
+    return listed
+
+
+
+def describe(resume: Resume | None) -> list[tuple[bool, str]]:
+    """The launcher's lines about the work it found staged: (notable, line) pairs. Notable
+    (a warning): staged work that no longer matches, with what changed since it was staged."""
+    if resume is None:
+        return []
+    lines = []
+    if resume.units or resume.shards or resume.keep_arrays or resume.damage:
+        lines.append((False, f"flat-tokens: resuming: {len(resume.units):,} of {resume.unit_total:,} input units "
+                             f"staged, {len(resume.shards):,} shards and {resume.reused_chunks:,} chunks written"))
+    if resume.stale_units or resume.stale_chunks:
+        redone = [f"{n:,} staged input unit{'s' if n > 1 else ''} no longer match{'es' if n == 1 else ''} this "
+                  f"job and {'is' if n == 1 else 'are'} read and tokenized again" for n in [resume.stale_units] if n]
+        redone += [f"the {n:,} chunks written before are written again" for n in [resume.stale_chunks] if n]
+        why = "; ".join(resume.changes) or "the package, the staging format or another option changed"
+        lines.append((True, f"flat-tokens: {resume.area.output}: {' and '.join(redone)}: since that work was "
+                            f"staged, {why}"))
+    return lines
+
+
+DAMAGE_SHOWN = 5
+
+
+def damage_report(resume: Resume | None) -> str | None:
+    """The launcher's warning when staged work or written chunks were found damaged: what,
+    and that it is redone (the first few, named)."""
+    if resume is None or not resume.damage:
         return None
-    return (f"flat-tokens: resuming: {len(resume.units):,} of {resume.unit_total:,} input units staged, "
-            f"{len(resume.shards):,} shards and {resume.reused_chunks:,} chunks written")
+    lines = [f"flat-tokens: resuming: {describe_damage(resume.damaged)}; redoing them, not reusing them:"]
+    lines += [f"  {why}" for why in resume.damage[:DAMAGE_SHOWN]]
+    if len(resume.damage) > DAMAGE_SHOWN:
+        lines.append(f"  and {len(resume.damage) - DAMAGE_SHOWN:,} more")
+    return "\n".join(lines)
+
+
+def describe_damage(damaged: dict) -> str:
+    """'damaged since they were written: 1 staged unit, 2 chunks', from Resume.damaged."""
+    names = {"staged_units": "staged unit", "shard_records": "shard record", "chunk_marks": "chunk mark",
+             "chunks": "chunk"}
+    parts = [f"{damaged[k]:,} {names[k]}{'s' if damaged[k] != 1 else ''}" for k in DAMAGE_KINDS if damaged.get(k)]
+    return "damaged since they were written: " + ", ".join(parts)

@@ -11,6 +11,7 @@ import gc
 import json
 import logging
 import os
+import posixpath
 import signal
 import sys
 import tempfile
@@ -27,7 +28,7 @@ import apache_beam as beam  # noqa: E402
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions, StandardOptions
 from fsspec.core import url_to_fs
 
-from pipeline import VERSION, allocator, cloud, resume, scratch
+from pipeline import VERSION, allocator, cloud, resume, scratch, worker_guard
 from pipeline.graph import build_pipeline
 from pipeline.environment import worker_environment, workers_see_launcher_disk
 from pipeline.plan import plan_job
@@ -38,7 +39,7 @@ from transforms.write.object_trees import tree_size
 from transforms.read.inputs import InputError
 from transforms.read.mixture import source_table
 from transforms.write import rejected
-from transforms.write.ownership import refuse_overlaps
+from transforms.write.ownership import DATASET_ENTRIES, OWN_PREFIX, contains, location, refuse_overlaps
 from transforms.progress import ProgressLogger
 from transforms.tokenize.tokenizer import TokenizerError
 
@@ -51,12 +52,13 @@ def _fail(message: str, code: int) -> int:
     return code
 
 
-def in_process_runner(options: PipelineOptions):
+def in_process_runner(options: PipelineOptions, report_dir: str | None = None):
     """The runner for the default `--runner` (unset or DirectRunner): Beam's FnApiRunner,
     set up as DirectRunner sets it up, so --direct_running_mode and --direct_num_workers
     work as documented. Beam's DirectRunner would first try to switch to the Prism runner,
     a binary it downloads at run time when the network allows: the same command would then
-    run on one runner online and another offline. None for any other --runner."""
+    run on one runner online and another offline. None for any other --runner.
+    `report_dir`: where workers started by a command report an early end (WorkerWatch)."""
     if options.view_as(StandardOptions).runner not in (None, "DirectRunner"):
         return None
     from apache_beam.portability.api import beam_provision_api_pb2
@@ -68,13 +70,33 @@ def in_process_runner(options: PipelineOptions):
     class FnApiRunner(fn_runner.FnApiRunner):
         def run_via_runner_api(self, pipeline_proto, options):
             worker.run_our_workers(pipeline_proto)  # multi_processing workers: quiet unless --verbose
+            whole_elements_on_the_data_plane()
             return super().run_via_runner_api(pipeline_proto, options)
 
     encoded = JobServiceHandle.encode_pipeline_options(options.get_all_options())
     # --environment_type: workers started elsewhere, by a command (pipeline/environment.py)
-    return FnApiRunner(default_environment=worker_environment(options),
+    return FnApiRunner(default_environment=worker_environment(options, report_dir),
                        provision_info=fn_runner.ExtendedProvisionInfo(
                            beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded)))
+
+
+def whole_elements_on_the_data_plane() -> None:
+    """Makes the default runner's gRPC data plane send elements only whole: no flushing on a
+    timer, in the runner or in its multi_threading workers.
+
+    Beam's FnApiRunner (2.77) sets a 1-second time limit on the data buffers of its gRPC
+    server and of the SDK harnesses it runs on threads (--direct_running_mode
+    multi_threading). A timer thread then sends whatever the buffer holds, even while a
+    bundle's thread is halfway through encoding an element (the harness's size-based flush
+    waits for an element boundary; the timer does not), and it clears the buffer after
+    sending, dropping what was written meanwhile. The receiver decodes each message on its
+    own: a split element fails the job ("'utf-8' codec can't decode byte ...", "Invalid
+    PaneInfoEncoding"), or could decode as something else. Only bundles that run longer
+    than a second are exposed, so small inputs passed. Beam's own subprocess workers
+    (multi_processing) and the SDK harness of Dataflow and Flink have the timer off by
+    default; this turns it off here too (0: size-based flushing, at element boundaries)."""
+    from apache_beam.runners.portability.fn_api_runner import worker_handlers
+    worker_handlers.DATA_BUFFER_TIME_LIMIT_MS = 0  # read when the run starts its server and workers
 
 
 def local_temp_root(options: PipelineOptions) -> str | None:
@@ -120,10 +142,18 @@ def summarize(output: str, wall_seconds: float, storage_options: dict | None = N
 
 def format_summary(summary: dict) -> str:
     s = summary["stats"]
-    lines = [f"flat-tokens: wrote {summary['output']}",
+    built = summary.get("already_built")
+    first = (f"flat-tokens: {summary['output']} was already built by run {summary.get('built_by_run')}; nothing "
+             f"was rewritten" if built else f"flat-tokens: wrote {summary['output']}")
+    lines = [first,
              f"  input: {s['documents']:,} documents, {s['blank']:,} blank lines, {s['rejected']:,} rejected lines, "
              f"{s['empty']:,} empty documents (dropped)"
-             + (f", {s['duplicates']:,} duplicates (removed)" if s.get("duplicates") else "")]
+             + (f", {s['duplicates']:,} duplicates (removed)" if s.get("duplicates") else "")
+             + (f", {s['too_short']:,} shorter than --min_tokens (dropped)" if "too_short" in s else "")
+             + (f", {s['truncated']:,} truncated to --max_tokens ({s['truncated_tokens']:,} tokens dropped)"
+                if s.get("truncated") else "")
+             + (f", {s['split']:,} split by --max_tokens into {s['split'] + s['extra_sequences']:,} sequences"
+                if s.get("split") else "")]
     if "near_dedup" in s:
         near = s["near_dedup"]
         lines.append(f"  near-duplicates: {s['near_duplicates']:,} removed from {near['clusters']:,} clusters of "
@@ -139,13 +169,16 @@ def format_summary(summary: dict) -> str:
     if summary.get("mixture"):
         lines += source_table(summary["mixture"])
     reused = summary.get("reused")
-    if reused and (reused["input_units"] or reused["chunks"]):
+    damaged = (reused or {}).get("damaged") or {}
+    if reused and (reused["input_units"] or reused["chunks"] or any(damaged.values())):
         lines.append(f"  resumed: reused {reused['input_units']:,} of {reused['input_units_total']:,} input units, "
-                     f"{reused['chunks']:,} of {reused['chunks_total']:,} chunks")
+                     f"{reused['chunks']:,} of {reused['chunks_total']:,} chunks"
+                     + (f"; redone, {resume.describe_damage(damaged)}" if any(damaged.values()) else ""))
     if summary["output_bytes"] is not None:
         per_token = f", {summary['bytes_per_token']} bytes/token" if summary["bytes_per_token"] else ""
-        lines.append(f"  output: {summary['output_bytes'] / 2**20:,.1f} MB{per_token}")
-    lines.append(f"  time: {summary['wall_seconds']:,.1f} s, {summary['tokens_per_second'] or 0:,.0f} tokens/s")
+        lines.append(f"  output: {summary['output_bytes'] / 2**20:,.1f} MiB{per_token}")
+    if not built:
+        lines.append(f"  time: {summary['wall_seconds']:,.1f} s, {summary['tokens_per_second'] or 0:,.0f} tokens/s")
     return "\n".join(lines)
 
 
@@ -181,9 +214,30 @@ def _tokenizer_file(spec: str) -> list[str]:
     return [spec] if spec != "bytes" and ("://" in spec or os.path.exists(spec)) else []
 
 
-def check_summary_path(path: str) -> None:
+def summary_in_output(ft: FlatTokensOptions) -> tuple:
+    """A --summary_json inside --output: its name there, or (). The output then holds it as
+    this tool's own, so that a later --overwrite replaces it with the dataset; anywhere in
+    the output but its top level (inside a split, or under a name the layout uses) it would
+    make the output foreign, and is refused."""
+    if not ft.summary_json:
+        return ()
+    out, summary = location(ft.output), location(ft.summary_json)
+    if not contains(out, summary):
+        return ()
+    name = posixpath.relpath(summary[1], out[1])
+    if name == "." or "/" in name or name.startswith(OWN_PREFIX) or name in DATASET_ENTRIES:
+        raise OptionError(f"--summary_json {ft.summary_json}: inside --output {ft.output}, where the dataset's own "
+                          f"files go; write it beside the output, or at its top level under a name of its own "
+                          f"(e.g. {ft.output.rstrip('/')}/summary.json)")
+    return (name,)
+
+
+def check_summary_path(path: str, in_output: bool = False, output: str = "") -> None:
     """--summary_json must be writable before any data is read: a run must not fail, after
-    its dataset is committed, for want of a place to say so."""
+    its dataset is committed, for want of a place to say so. One `in_output` is written in a
+    directory the run makes: `output`, checked writable for the dataset anyway."""
+    if in_output and not os.path.isdir(output):
+        return
     existed = os.path.lexists(path)
     try:
         with open(path, "a"):
@@ -210,6 +264,7 @@ class _Stopping:
         self.phase = "checking"  # then "running", then "committed"
         self.directories: list[str] = []
         self._saved = {}
+        self._failing = threading.Lock()
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
@@ -220,22 +275,37 @@ class _Stopping:
         for s, handler in self._saved.items():
             signal.signal(s, handler)
 
-    def _stop(self, signum, frame):
-        for s in self.SIGNALS:  # a second signal while stopping must not interrupt the cleanup
-            signal.signal(s, signal.SIG_IGN)
+    def fail(self, message: str) -> None:
+        """Ends the run as failed, from any thread: for a failure the runner would wait on
+        forever (a worker that died). Exit 1, its temporary files removed, one line."""
+        with self._failing:
+            if self.phase != "running":
+                return
+            self._end()
+            print(f"flat-tokens: error: the pipeline failed; {self.output} was not committed. Cause: {message}",
+                  file=sys.stderr)
+            logs.exit_process(PIPELINE_FAILED)
+
+    def _end(self) -> None:
         # The runner's threads notice their workers stopping, and would print tracebacks: the
-        # one line below says what happened.
+        # one line the caller prints says what happened.
         threading.excepthook = lambda args: None
         logging.disable(logging.CRITICAL)
         _stop_children()
         for path in reversed(self.directories):
             scratch.remove(path)
+
+    def _stop(self, signum, frame):
+        for s in self.SIGNALS:  # a second signal while stopping must not interrupt the cleanup
+            signal.signal(s, signal.SIG_IGN)
+        phase, self.phase = self.phase, "stopping"  # the workers it stops are not failures (fail)
+        self._end()
         what = {"checking": "before the pipeline started; nothing was written",
                 "running": f"before the run finished; {self.output} was not committed by this run ("
                            + ("rerun the same command to resume it" if self.resumable else
-                              "--no_staging kept nothing: rerun with --overwrite to replace it")
+                              "--no_staging kept nothing to resume: rerunning the same command starts over")
                            + "); its temporary files are removed",
-                "committed": f"after {self.output} was committed; its temporary files are removed"}[self.phase]
+                "committed": f"after {self.output} was committed; its temporary files are removed"}[phase]
         print(f"flat-tokens: stopped by {signal.Signals(signum).name} {what}", file=sys.stderr)
         logs.exit_process(128 + signum)
 
@@ -292,11 +362,29 @@ def _main(argv, options, ft, stopping: _Stopping) -> int:
         cloud.check_gcs_reachable(cloud.urls_of(ft))  # in seconds, not after gcsfs's retries
         if local:
             check_local_temp_root(options)
+        also_ours = summary_in_output(ft)
         if ft.summary_json:
-            check_summary_path(ft.summary_json)
-        # before any data is read; an unfinished output that this command made is resumed
-        found = zarr_store.refuse_occupied(ft.output, ft.overwrite, resumable=resume.same_command(ft))
+            check_summary_path(ft.summary_json, bool(also_ours), ft.output)
+        # A dataset this command built already is not built again (a retry after its commit).
+        committed = None if ft.overwrite else resume.committed_here(ft)
+        built = committed if resume.built_by(committed, ft) else None
+        if built is None:  # before any data is read; an unfinished output that this command made is resumed
+            earlier = committed.get("command") if committed else resume.earlier_command(ft)
+            same = not committed and resume.is_command(earlier, ft)
+            found = zarr_store.refuse_occupied(ft.output, ft.overwrite, resumable=same, also_ours=also_ours,
+                                               other_command=resume.option_changes(earlier, ft) if earlier and not same
+                                               else None)
         plan = plan_job(ft)
+        plan.also_ours = also_ours
+        plan.provenance["command"] = resume.built_from(ft, plan)
+        if built is not None:
+            changed = resume.input_changes(built, ft, plan)
+            if changed:
+                raise zarr_store.OutputError(
+                    f"--output {ft.output}: holds a dataset this command built (run {built.get('run_id')}), but "
+                    f"from other input: {changed}. Pass --overwrite to build it again from the input as it is "
+                    f"now, or choose another path")
+            return _report_built(ft, built)
         plan.expected_owner = (*found.owner, found.committed)  # CreateOutput replaces only this, or stops
         plan.take_unfinished = not found.committed
         # Files a directory input holds but does not read count too: an output among them
@@ -309,9 +397,11 @@ def _main(argv, options, ft, stopping: _Stopping) -> int:
     except (OptionError, InputError, TokenizerError, zarr_store.OutputError) as e:
         return _fail(str(e), USAGE_ERROR)
     plan.resume = resume.prepare(plan, ft, found, plan.target.storage_options)
-    resuming = resume.describe(plan.resume)
-    if resuming:
-        logs.log().info(resuming)
+    for notable, line in resume.describe(plan.resume):
+        (logs.log().warning if notable else logs.log().info)(line)
+    damage = resume.damage_report(plan.resume)
+    if damage:
+        logs.log().warning(damage)
 
     started = time.time()
     stopping.phase = "running"
@@ -329,7 +419,7 @@ def _main(argv, options, ft, stopping: _Stopping) -> int:
             stopping.directories.append(plan.spill_dir)
             logs.log().debug("shard parts wait for the sort in %s", plan.spill_dir)
         with scratch.temporary_files_in(temp_dir):  # Beam's own temporary directory too
-            code = _run(options, plan, ft)
+            code = _run(options, plan, ft, stopping, os.path.join(temp_dir, "workers"))
     finally:
         for path in reversed(stopping.directories):
             scratch.remove(path)
@@ -339,11 +429,22 @@ def _main(argv, options, ft, stopping: _Stopping) -> int:
     return _report(ft, plan, time.time() - started)
 
 
-def _report(ft, plan, wall_seconds: float) -> int:
+def _report_built(ft, attrs: dict) -> int:
+    """The same command over the same input finds its dataset committed (a retry of a run
+    killed after its commit, a scheduler's second try): nothing is rewritten; its summary is
+    reported (and written to --summary_json) as if it had just been built. Exit 0."""
+    logs.log().info("flat-tokens: %s: already built by run %s (this command, the same input files and "
+                    "tokenizer); nothing to do", ft.output, attrs.get("run_id"))
+    return _report(ft, None, 0.0, {"already_built": True, "built_by_run": attrs.get("run_id")})
+
+
+def _report(ft, plan, wall_seconds: float, extra: dict | None = None) -> int:
     """The summary of a committed dataset. Nothing here can fail the run any more: the
     dataset is committed, and a scheduler must not be told otherwise."""
     try:
-        summary = summarize(ft.output, wall_seconds, plan.target.storage_options, plan.resume)
+        summary = summarize(ft.output, wall_seconds, plan.target.storage_options if plan else None,
+                            plan.resume if plan else None)
+        summary.update(extra or {})
     except Exception as e:  # e.g. another run --overwrite replaced it already
         logs.log().warning("flat-tokens: warning: %s is committed, but its summary could not be read (%s: %s)",
                            ft.output, type(e).__name__, e)
@@ -359,10 +460,22 @@ def _report(ft, plan, wall_seconds: float) -> int:
     return 0
 
 
-def _run(options, plan, ft) -> int | None:
-    """Runs the pipeline; None when it finished, else the exit code."""
-    pipeline = beam.Pipeline(runner=in_process_runner(options), options=options)
+def _run(options, plan, ft, stopping: _Stopping | None = None, report_dir: str | None = None) -> int | None:
+    """Runs the pipeline; None when it finished, else the exit code. Workers started by a
+    command of the user's report an early end in `report_dir`: the run then fails (exit 1,
+    through `stopping`) with what the worker said, where the runner would wait forever."""
+    pipeline = beam.Pipeline(runner=in_process_runner(options, report_dir), options=options)
     build_pipeline(pipeline, plan)
+    watch, excepthook = None, threading.excepthook
+    if stopping is not None and report_dir is not None and worker_environment(options) is not None:
+        def worker_ended(message: str) -> None:
+            if not _committed_by(plan):  # a worker dying after the commit cannot fail the run
+                stopping.fail(f"{message}. The runner cannot go on without it; check --environment_config "
+                              f"(see README, 'A cluster on one machine')")
+        watch = worker_guard.WorkerWatch(report_dir, worker_ended)
+        watch.start()
+        if not ft.verbose:  # Beam's thread would print a traceback per worker; the watch says it in one line
+            threading.excepthook = _quiet_worker_exits(threading.excepthook)
     if not gc.isenabled():
         # The command line (only it: a caller's process is not ours to change) starts with
         # the collector off. Imports and the graph leave ~120k long-lived objects, which every
@@ -389,7 +502,29 @@ def _run(options, plan, ft) -> int | None:
     finally:
         if progress:
             progress.stop()
+        if watch:
+            watch.stop()
+            threading.excepthook = excepthook
     return None
+
+
+def _quiet_worker_exits(previous):
+    """A threading.excepthook that leaves out the error Beam's worker threads raise when their
+    worker process exits (`Worker subprocess exited with return code N`)."""
+    def hook(args):
+        if getattr(args.thread, "name", "") == "run_worker" and "Worker subprocess exited" in str(args.exc_value):
+            return
+        previous(args)
+    return hook
+
+
+def _committed_by(plan) -> bool:
+    """Whether this run committed its dataset already."""
+    try:
+        return zarr_store.read_root_attributes(plan.target.url, plan.target.storage_options).get(
+            "run_id") == plan.target.run_id
+    except Exception:
+        return False
 
 
 if __name__ == "__main__":

@@ -17,6 +17,11 @@ Checks, for a dataset at a local path or fsspec URL (file://, gs://, ...), zarr 
   (``v >> 1``), because this pipeline writes the exact maximum. For an empty split there is
   no maximum to match, so any integer in ``[0, 2**31 - 1]`` is accepted (the pipeline's
   choice, typically 0, is not part of the contract);
+* every chunk matches the checksum it carries (transforms/write/chunk_checksums.py; the
+  scheme is the root attribute ``storage.checksums``): the walk below reads every chunk, and
+  each is checked as it is read; a damaged or truncated chunk is named. A dataset written
+  before chunks carried checksums is checked as before, and verify says that its chunks
+  carry none (a flipped bit there may go unseen);
 * when the root has a ``stats`` attribute, ``stats[split]`` agrees with the arrays:
   ``sequences == len(seq_starts) - 1``, ``tokens == len(encoded_tokens)``,
   ``max_token_id ==`` the split attribute.
@@ -39,8 +44,9 @@ import fsspec
 import numpy as np
 import zarr
 
-from pipeline import VERSION
+from pipeline import VERSION, read_guard
 from transforms.gcs import close_gcs_sessions_at_exit
+from transforms.write import chunk_checksums
 from transforms.write.chunk_objects import chunk_objects, missing_objects
 from transforms.write.ownership import OWN_PREFIX, conflicts
 
@@ -53,6 +59,9 @@ DEFAULT_BLOCK = 1 << 22
 # What a user does next: the command that made an unfinished output resumes it (issue 20).
 RERUN = "rerun the command that wrote it to resume it, or any command with --overwrite to replace it"
 UNFINISHED = f"unfinished output: the run that wrote it did not finish (no root group metadata); {RERUN}"
+NO_CHECKSUMS = ("note: the chunks of this dataset carry no checksums (it was written before this tool's chunks "
+                "carried them, or by another tool): a flipped bit in a chunk may decode to other token ids unseen. "
+                "Rewrite it (rerun its command with --overwrite) to have every chunk checked")
 
 
 class CannotOpen(Exception):
@@ -82,9 +91,11 @@ def verify_dataset(url: str, *, block: int = DEFAULT_BLOCK, storage_options: dic
     return check_dataset(url, block=block, storage_options=storage_options)[0]
 
 
-def check_dataset(url: str, *, block: int = DEFAULT_BLOCK, storage_options: dict | None = None
-                  ) -> tuple[list[str], dict[str, SplitSummary]]:
-    """Like verify_dataset, also returning a summary of every split that could be walked."""
+def check_dataset(url: str, *, block: int = DEFAULT_BLOCK, storage_options: dict | None = None,
+                  notes: list | None = None) -> tuple[list[str], dict[str, SplitSummary]]:
+    """Like verify_dataset, also returning a summary of every split that could be walked.
+    `notes`: a list that receives what is worth saying but is no problem (chunks that carry
+    no checksums)."""
     if block < 1:
         raise ValueError(f"block must be >= 1, is {block}")
     root = open_root(url, storage_options)
@@ -97,6 +108,15 @@ def check_dataset(url: str, *, block: int = DEFAULT_BLOCK, storage_options: dict
         # Data of an unfinished run may be half written: checking it would only add noise.
         return [unfinished] + conflicted, {}
     problems = conflicted + check_format(attrs)
+    scheme = chunk_checksums.of_dataset(attrs)
+    if scheme is None and notes is not None:
+        notes.append(NO_CHECKSUMS)
+    elif scheme not in (None, *chunk_checksums.SCHEMES):
+        problems.append(f"root attribute storage.checksums is {scheme!r}: a checksum scheme this version does not "
+                        f"know ({', '.join(chunk_checksums.SCHEMES)}); its chunks cannot be checked")
+        scheme = None
+    # Read again through the store that checks each chunk as it is read (pipeline/read_guard.py).
+    root = read_guard.open_group(url, storage_options)
     fs, base = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
     summaries: dict[str, SplitSummary] = {}
     for name in SPLITS:
@@ -107,7 +127,8 @@ def check_dataset(url: str, *, block: int = DEFAULT_BLOCK, storage_options: dict
         if not isinstance(group, zarr.Group):
             problems.append(f"{name} must be a group, is an array")
             continue
-        split_problems, summary = check_split(group, name, block, stored=(fs, f"{base.rstrip('/')}/{name}"))
+        split_problems, summary = check_split(group, name, block, stored=(fs, f"{base.rstrip('/')}/{name}"),
+                                              checksums=scheme)
         problems += split_problems
         if summary is not None:
             summaries[name] = summary
@@ -204,14 +225,18 @@ def _is_count(x) -> bool:
 # One split
 
 
-def check_split(group: zarr.Group, name: str, block: int, stored: tuple | None = None
-                ) -> tuple[list[str], SplitSummary | None]:
+def check_split(group: zarr.Group, name: str, block: int, stored: tuple | None = None,
+                checksums: str | None = None) -> tuple[list[str], SplitSummary | None]:
     """Checks one flat-tokens array; the summary is None when a structural problem stopped the walk.
-    `stored`: (filesystem, path of the split's directory), to check that every chunk is stored."""
+    `stored`: (filesystem, path of the split's directory), to check that every chunk is stored.
+    `checksums`: the scheme every chunk read is checked under (None: unchecked)."""
     problems: list[str] = []
     try:
         tok = _member_array(group, "encoded_tokens", 4)
         st = _member_array(group, "seq_starts", 8)
+        for arr in (tok, st, group.get("seq_sources")):
+            if isinstance(arr, zarr.Array):
+                read_guard.check_chunks(arr, arr.path, checksums)
         if stored is not None:
             arrays = [("encoded_tokens", tok), ("seq_starts", st)]
             extension = group.get("seq_sources")  # optional (--record_sources): stored whole too
@@ -292,8 +317,10 @@ def check_ends(st: zarr.Array, n: int) -> None:
 
 def _read(arr: zarr.Array, member: str, lo: int, hi: int) -> np.ndarray:
     try:
-        return np.asarray(arr[lo:hi])
-    except Exception as e:  # a corrupt or unreadable chunk is a property of the data
+        return read_guard.read(arr, lo, hi)
+    except read_guard.CorruptChunk as e:  # names the chunk and the dataset
+        raise _Stop(str(e)) from None
+    except Exception as e:  # a missing or unreadable chunk is a property of the data
         raise _Stop(f"cannot read {member}[{lo}:{hi}]: {type(e).__name__}: {e}") from None
 
 
@@ -504,14 +531,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    notes: list[str] = []
     try:
         problems, summaries = check_dataset(args.path, block=args.block,
-                                            storage_options=dict(args.storage_option) or None)
+                                            storage_options=dict(args.storage_option) or None, notes=notes)
     except CannotOpen as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     for p in problems:
         print(p)
+    for note in notes:  # on stderr: stdout stays the problems and the summary line
+        print(note, file=sys.stderr)
     print(summary_line(problems, summaries))
     return 1 if problems else 0
 

@@ -1,4 +1,5 @@
-"""Smoke tests of benchmarks/bench_pipeline.py, bench_reader.py, bench_resume.py, bench_codecs.py, bench_dedup.py and simulate_scale.py on tiny inputs: they run end to end and
+"""Smoke tests of benchmarks/bench_pipeline.py, bench_reader.py, bench_resume.py, bench_codecs.py,
+bench_runners.py, bench_checksums.py, bench_dedup.py, bit_flips.py and simulate_scale.py on tiny inputs: they run end to end and
 report every field (no timing assertions: the numbers depend on the machine)."""
 import json
 import subprocess
@@ -195,6 +196,75 @@ def test_bench_page_cost_smoke(tmp_path):
     bad = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_page_cost.py"), "--mb", "6"],
                          cwd=REPO, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--mb must be a positive multiple of 4" in bad.stderr
+
+
+@pytest.mark.slow
+def test_bench_runners_smoke(tmp_path):
+    """benchmarks/bench_runners.py on a tiny corpus dealt into files: every mode runs, every
+    output is compared with the in-process one, and the raw limit counts the same tokens."""
+    texts = [json.loads(line)["text"] for line in open(SAMPLE / "corpus-1.jsonl", encoding="utf-8")][:200]
+    corpus = write_jsonl(tmp_path / "tiny.jsonl", texts)
+    results = tmp_path / "runners.json"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "bench_runners.py"), "--input", str(corpus), "--tokenizer",
+         str(SAMPLE / "tokenizer.json"), "--copies", "2", "--parts", "3", "--modes", "threads:2,processes:2",
+         "--json", str(results), "--workdir", str(tmp_path)],
+        cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
+    for field in ("in_process", "threads:2", "processes:2", "raw limit", "wall s", "CPU s", "peak RSS MB",
+                  "identical", "load average"):
+        assert field in proc.stdout, f"{field!r} missing from:\n{proc.stdout}"
+    r = json.loads(results.read_text())
+    assert (r["files"], r["copies"]) == (3, 2)
+    assert set(r["medians"]) == {"in_process", "threads:2", "processes:2"}
+    assert all(run["identical"] for runs in r["runs"].values() for run in runs)
+    tokens = {m["tokens"] for m in r["medians"].values()} | {r["raw_limit"]["tokens"]}
+    assert len(tokens) == 1 and tokens.pop() > 0
+    for m in r["medians"].values():
+        assert m["wall_seconds"] > 0 and m["cpu_seconds"] > 0 and m["peak_tree_rss_mb"] > 0
+    # The workers are processes of their own: the tree holds more than its largest process.
+    workers = r["runs"]["processes:2"][0]
+    assert workers["peak_tree_rss_mb"] > workers["peak_process_rss_mb"]
+    assert [p for p in tmp_path.iterdir() if p.name.startswith("bench-runners-")] == []  # removed
+
+
+@pytest.mark.slow
+def test_bench_checksums_smoke(tmp_path):
+    """benchmarks/bench_checksums.py against a checkout of this repository (standing in for
+    one from before the checksums): every part reports, and the reads compare a dataset with
+    checksums and its stripped copy."""
+    texts = [json.loads(line)["text"] for line in open(SAMPLE / "corpus-1.jsonl", encoding="utf-8")][:200]
+    corpus = write_jsonl(tmp_path / "tiny.jsonl", texts)
+    results = tmp_path / "bench-checksums.json"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "bench_checksums.py"), "--input", str(corpus), "--tokenizer",
+         str(SAMPLE / "tokenizer.json"), "--before", str(REPO), "--rounds", "1", "--json", str(results)],
+        cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
+    for field in ("(A) writing end to end", "without checksums", "with checksums (this checkout)",
+                  "(B) the work checksums add", "staged ids' CRC-32C", "writing adds", "decode:",
+                  "(C) reading the train split", "iterate", "packed", "target: <= 3% more CPU"):
+        assert field in proc.stdout, f"{field!r} missing from:\n{proc.stdout}"
+    r = json.loads(results.read_text())
+    assert len(r["write"]["before"]) == len(r["write"]["after"]) == 1
+    assert {k: len(v) for k, v in r["read"].items()} == {
+        "iterate without": 1, "iterate with": 1, "packed without": 1, "packed with": 1}
+    assert r["read"]["iterate with"][0]["checksums"] == "zstd+crc32c-frame"
+    assert r["read"]["iterate without"][0]["checksums"] is None
+    assert r["read"]["iterate with"][0]["tokens"] == r["read"]["iterate without"][0]["tokens"] > 0
+    assert set(r["summary"]) == {"write_end_to_end", "write_added", "read_added_decode", "read_iterate",
+                                 "read_packed"}
+
+
+def test_bit_flips_script_smoke(tmp_path):
+    """benchmarks/bit_flips.py: a few flips, each found by verify and by the reader."""
+    results = tmp_path / "flips.json"
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bit_flips.py"), "--places", "4", "--json",
+                           str(results)], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
+    assert "4 random single-bit flips" in proc.stdout and "every flip found by both: yes" in proc.stdout
+    r = json.loads(results.read_text())
+    assert r["random"] == {"verify": {"error": 4}, "reader": {"error": 4}} and len(r["flips"]) == 4
 
 
 @pytest.mark.slow

@@ -1,8 +1,10 @@
 """Train-time blending (pipeline.blend) of splits of two datasets written by the real pipeline."""
 import pickle
+import shutil
 
 import numpy as np
 import pytest
+import zarr
 
 from pipeline.blend import Blend, source_seed
 from pipeline.reader import Batch, open_dataset
@@ -77,10 +79,21 @@ def test_resume_ranks_and_pickling(splits):
     for k in (1, 5, 11):
         inputs, targets = next(copy.packed_batches(LENGTH, 8, start_step=k, **SIZES))
         assert np.array_equal(inputs, full[k][0]) and np.array_equal(targets, full[k][1])
-        parts = [next(blend.packed_batches(LENGTH, 8, start_step=k, rank=r, world_size=4, segments=True, **SIZES))
-                 for r in range(4)]
-        assert np.array_equal(np.concatenate([p.targets for p in parts]), full[k][1])
-        assert all(p.segment_ids.shape == (2, LENGTH) for p in parts)
+
+    # Hosts: host r blends its own shares of the splits (their streams for rank r) by the same rule.
+    hosts = [blend.packed_batches(LENGTH, 8, rank=r, world_size=4, segments=True, sources=True, **SIZES)
+             for r in range(4)]
+    for r, host in enumerate(hosts):
+        got = [next(host) for _ in range(12)]
+        assert all(b.segment_ids.shape == (2, LENGTH) for b in got)
+        targets, chosen = rows(got)
+        assert chosen.tolist() == reference_choices([1, 1, 0.5], chosen.size)  # each host: the weights
+        for i, split in enumerate(splits):
+            own = split.packed_batches(LENGTH, 4, seed=source_seed(7, i), rank=r, world_size=4, **SIZES)
+            count = int((chosen == i).sum())
+            assert np.array_equal(targets[chosen == i], np.concatenate([next(own)[1] for _ in range(count)]))
+        again = next(copy.packed_batches(LENGTH, 8, start_step=9, rank=r, world_size=4, sources=True, **SIZES))
+        assert np.array_equal(again.targets, got[9].targets)
 
 
 def test_a_blend_refuses_bad_arguments(splits):
@@ -92,3 +105,35 @@ def test_a_blend_refuses_bad_arguments(splits):
         Blend(splits, [1, 1, 1]).packed_batches(10**7, 2)
     with pytest.raises(ValueError, match="divisible"):
         Blend(splits, [1, 1, 1]).packed_batches(LENGTH, 6, world_size=4)
+
+
+def test_huge_weights_normalise_without_overflow(splits):
+    blend = Blend(splits, [1e308, 1e308, 1e307])  # their sum overflows to inf
+    assert blend.weights == pytest.approx([10 / 21, 10 / 21, 1 / 21])
+    assert blend.counts(21) == [10, 10, 1]
+    assert Blend(splits, [5e-324, 5e-324, 1e-323]).weights == pytest.approx([0.25, 0.25, 0.5])  # and tiny ones
+
+
+def test_splits_of_two_tokenizers_are_refused_unless_allowed(splits, tmp_path):
+    """Each dataset records its tokenizer's sha256 (provenance); a blend of different ones is a
+    ValueError naming both, unless allow_mixed_tokenizers=True."""
+    sha = splits[0].attrs["tokenizer"]["sha256"]
+    assert len(sha) == 64 and {s.attrs["tokenizer"]["sha256"] for s in splits} == {sha}  # all bytes
+    out = tmp_path / "bpe.zarr"
+    run_pipeline("--input", SAMPLE / "corpus-1.jsonl", "--output", out, "--tokenizer", SAMPLE / "tokenizer.json",
+                 "--validation_fraction", "0")
+    bpe = open_dataset(str(out))["train"]
+    assert bpe.attrs["tokenizer"]["sha256"] != sha
+    with pytest.raises(ValueError) as refused:
+        Blend([splits[0], bpe], [1, 1])
+    message = str(refused.value)
+    assert all(part in message for part in (sha, bpe.attrs["tokenizer"]["sha256"], str(out), splits[0].url,
+                                            "allow_mixed_tokenizers=True"))
+    blend = Blend([splits[0], bpe], [1, 1], allow_mixed_tokenizers=True)
+    assert next(blend.packed_batches(LENGTH, 4))[1].shape == (4, LENGTH)
+    foreign = tmp_path / "foreign.zarr"  # a flat-tokens dataset another tool wrote: no tokenizer recorded
+    shutil.copytree(splits[0].url, foreign)
+    root = zarr.open_group(str(foreign), mode="r+")
+    root.attrs.update({k: v for k, v in root.attrs.items() if k != "tokenizer"} | {"tokenizer": None})
+    with pytest.raises(ValueError, match="records no tokenizer"):
+        Blend([splits[0], open_dataset(str(foreign))["train"]], [1, 1])

@@ -157,3 +157,25 @@ def test_a_worker_environment_the_default_runner_cannot_start_is_refused_before_
         f"--environment_config), EXTERNAL (a worker pool) or DOCKER. PROCESS and LOOPBACK are for "
         f"--runner=PortableRunner"]
     assert not (tmp_path / "out.zarr").exists()
+
+
+@pytest.mark.parametrize("which", ["every worker", "one worker"])
+def test_workers_that_cannot_start_fail_the_run_with_their_own_message(tmp_path, which):
+    """`exec: ... not found` (return code 127) in the one-machine recipe: the launcher used to
+    wait forever for workers that had died. The run fails (exit 1) with the worker's message;
+    one dead worker of two is enough, since the runner would wait for its answers."""
+    lock = tmp_path / "first-worker-started"
+    bad = "exec /nonexistent/python -m pipeline.worker"
+    good = f"exec {shlex.quote(sys.executable)} -m pipeline.worker"
+    inner = bad if which == "every worker" else f"if mkdir {shlex.quote(str(lock))} 2>/dev/null; then {good}; else {bad}; fi"
+    proc = run_pipeline("--input", REPO / "pipeline" / "sample" / "corpus-1.jsonl", "--tokenizer", "bytes",
+                        "--output", tmp_path / "out.zarr", "--direct_num_workers=2",
+                        "--environment_type=beam:env:harness_subprocess_python:v1",
+                        f"--environment_config=sh -c {shlex.quote(inner)}", check=False,
+                        timeout=240)  # a hang guard: it used to wait forever
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("flat-tokens: error:")]
+    assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "an SDK worker exited with return code 127" in errors[0], errors
+    assert "exec: /nonexistent/python: not found" in errors[0], errors
+    assert not (tmp_path / "out.zarr" / ".zgroup").exists()

@@ -3,9 +3,11 @@ reader written here from the layout Megatron-core's IndexedDataset documents (he
 version, dtype code, counts, int32 lengths, int64 pointers, int64 document indices), not
 from the exporter's code."""
 import filecmp
+import shutil
 import struct
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -120,3 +122,106 @@ def test_refusals(dataset, tmp_path):
         proc = export(*args, check=False)
         assert proc.returncode == 2 and words in proc.stderr, proc.stderr
     assert not (tmp_path / "z-train-00000.bin").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# The end-of-document id: the tokenizer's end-of-text token by default
+
+
+def wordlevel_dataset(tmp_path, specials=()):
+    vocab = {"[UNK]": 0, "small": 5, "big": 9, **{t: 20 + i for i, t in enumerate(specials)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.add_special_tokens(list(specials))
+    tok.save(str(tmp_path / "tok.json"))
+    write_jsonl(tmp_path / "in.jsonl", ["small big", "big", "small small"])
+    run_pipeline("--input", tmp_path / "in.jsonl", "--output", tmp_path / "d.zarr", "--tokenizer", tmp_path / "tok.json",
+                 "--validation_fraction", "0")
+    return tmp_path / "d.zarr"
+
+
+def test_the_tokenizer_s_end_of_text_id_follows_every_sequence_by_default(tmp_path):
+    dataset = wordlevel_dataset(tmp_path, ["<pad>", "<|endoftext|>"])  # ids 20 and 21
+    proc = export(dataset, tmp_path / "mg" / "x")
+    assert "id 21 (<|endoftext|>, the tokenizer's end-of-text token) after every sequence" in proc.stdout
+    _, sequences = read_indexed_dataset(tmp_path / "mg" / "x-train-00000")
+    assert sorted(sequences) == [[5, 5, 21], [5, 9, 21], [9, 21]]
+    proc = export(dataset, tmp_path / "mg" / "y", "--append_eod", "none")  # the explicit way to write none
+    assert "no end-of-document id (--append_eod none)" in proc.stdout
+    assert sorted(read_indexed_dataset(tmp_path / "mg" / "y-train-00000")[1]) == [[5, 5], [5, 9], [9]]
+    (tmp_path / "tok.json").rename(tmp_path / "moved.json")  # the tokenizer cannot be read: ask, do not guess
+    proc = export(dataset, tmp_path / "mg" / "z", check=False)
+    assert proc.returncode == 2 and "--append_eod ID, or --append_eod none" in proc.stderr, proc.stderr
+    assert export(dataset, tmp_path / "mg" / "z", "--append_eod", "7").returncode == 0
+
+
+def test_a_tokenizer_without_an_end_of_text_token_gets_none(dataset, tmp_path):
+    proc = export(dataset, tmp_path / "mg" / "x")  # the bytes tokenizer defines none
+    assert "no end-of-document id: the dataset's tokenizer (bytes) defines no end-of-text token" in proc.stdout
+    train = open_dataset(str(dataset))["train"]
+    assert [s for p in parts(tmp_path / "mg" / "x", "train") for s in read_indexed_dataset(p)[1]] == [
+        s.tolist() for s in train]
+
+
+# ---------------------------------------------------------------------------------------------
+# --overwrite replaces an export's own files, all of them, and nothing else
+
+
+def listing(directory):
+    return sorted(p.name for p in directory.iterdir())
+
+
+def test_overwrite_with_other_parts_replaces_all_of_the_earlier_export_and_nothing_else(dataset, tmp_path):
+    prefix = tmp_path / "mg" / "x"
+    export(dataset, prefix, "--part_tokens", "20000")
+    many = listing(prefix.parent)
+    assert len(parts(prefix, "train")) > 5 and "x.flat-tokens-export.json" in many
+    mine = ["x-notes.txt", "x-train-00099.bin", "x-train-00001.bin.backup.tmp", "y-train-00000.bin"]  # a user's
+    for name in mine:
+        (prefix.parent / name).write_text("mine")
+    proc = export(dataset, prefix, "--part_tokens", "200000", "--overwrite")
+    assert "removed" in proc.stdout and "parts of the earlier export" in proc.stdout
+    train = open_dataset(str(dataset))["train"]
+    assert len(parts(prefix, "train")) == -(-train.num_tokens // 200000) < len([n for n in many if "train" in n]) // 2
+    assert [s for p in parts(prefix, "train") for s in read_indexed_dataset(p)[1]] == [s.tolist() for s in train]
+    assert listing(prefix.parent) == sorted(
+        mine + ["x.flat-tokens-export.json"] + [f"{p.name}{e}" for s in ("train", "validation")
+                                                 for p in map(Path, parts(prefix, s)) for e in (".bin", ".idx")])
+    assert all((prefix.parent / name).read_text() == "mine" for name in mine)
+
+
+def test_a_file_no_manifest_lists_is_never_replaced(dataset, tmp_path):
+    prefix = tmp_path / "mg" / "x"
+    prefix.parent.mkdir()
+    (prefix.parent / "x-train-00000.idx").write_text("a user's")  # not an export's: no manifest lists it
+    for extra in ((), ("--overwrite",)):
+        proc = export(dataset, prefix, *extra, check=False)
+        assert proc.returncode == 2 and "no export manifest" in proc.stderr and "x-train-00000.idx" in proc.stderr
+    (prefix.parent / "x-train-00000.idx").unlink()
+    (prefix.parent / "x.flat-tokens-export.json").write_text('{"parts": ["../../etc"]}')  # not ours either
+    proc = export(dataset, prefix, "--overwrite", check=False)
+    assert proc.returncode == 2 and "not a flat-tokens export manifest" in proc.stderr
+    assert listing(prefix.parent) == ["x.flat-tokens-export.json"]
+
+
+def test_temporary_files_are_removed_when_an_export_fails_and_by_the_next_one(dataset, tmp_path):
+    data = tmp_path / "d.zarr"
+    shutil.copytree(dataset, data)
+    prefix = tmp_path / "mg" / "x"
+    prefix.parent.mkdir()
+    killed = ["x-train-00003.bin.0123456789abcdef0123456789abcdef.tmp",  # as a killed export leaves them
+              "x-validation-00000.idx.fedcba9876543210fedcba9876543210.tmp",
+              "x.flat-tokens-export.json.00000000000000000000000000000000.tmp"]
+    for name in killed + ["x-train-00003.bin.mine.tmp"]:
+        (prefix.parent / name).write_text("partial")
+    chunk = next(p for p in sorted((data / "train" / "encoded_tokens").iterdir()) if p.name.isdigit() and p.name != "0")
+    saved = chunk.read_bytes()
+    chunk.unlink()  # a part's read fails mid-export
+    proc = export(data, prefix, "--part_tokens", "20000", check=False)
+    assert proc.returncode == 1 and "the export failed" in proc.stderr
+    left = listing(prefix.parent)
+    assert not [n for n in left if n.endswith(".tmp") and n != "x-train-00003.bin.mine.tmp"], left
+    assert "x.flat-tokens-export.json" in left  # it lists what the failed export may have written
+    chunk.write_bytes(saved)
+    export(data, prefix, "--part_tokens", "20000", "--overwrite")
+    assert [n for n in listing(prefix.parent) if n.endswith(".tmp")] == ["x-train-00003.bin.mine.tmp"]

@@ -1,7 +1,8 @@
 """gs:// end to end against a real GCS emulator (fake-gcs-server): inputs by glob (one of them
 gzipped), the tokenizer, the output and the rejected-lines report all on gs://, on the
-in-process DirectRunner and on two worker processes; the result must equal a local run of
-the same input, pass `pipeline.verify`, and exit without interpreter-exit noise."""
+in-process DirectRunner, on two worker processes and on four SDK harness threads of one
+process; the result must equal a local run of the same input, pass `pipeline.verify`, and
+exit without interpreter-exit noise."""
 import json
 import os
 import subprocess
@@ -78,6 +79,15 @@ def test_two_worker_processes_overwrite_gs_output(gcs, gcs_corpus, local_run, tm
     gcs.fs.invalidate_cache()
     assert not gcs.fs.exists(f"{BUCKET}/out-mp.zarr/.flat-tokens-run.1")
     check_flat_tokens(fetch(gcs, "out-mp.zarr", tmp_path / "out-mp.zarr"), "--compare", local_run)
+
+
+def test_worker_threads_of_one_process_read_and_write_gs(gcs, local_run, tmp_path):
+    """Bundles on four threads at once (multi_threading) share one gcsfs client and its event
+    loop: small batches, so that each thread reads, stages and writes many objects."""
+    proc = gs_run(gcs, "out-mt.zarr", "--direct_running_mode=multi_threading", "--direct_num_workers=4",
+                  "--batch_documents", "8")
+    assert_quiet(proc.stderr)
+    check_flat_tokens(fetch(gcs, "out-mt.zarr", tmp_path / "out-mt.zarr"), "--compare", local_run)
 
 
 def test_verify_reads_gs_through_the_emulator(gcs, gs_direct):

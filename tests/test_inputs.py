@@ -115,11 +115,17 @@ def test_a_fifo_is_refused_without_opening_it(tmp_path, how):
     assert f"{data}/pipe.jsonl is a FIFO, not a regular file; refusing to open it" in message, message
 
 
+# A corpus's manifest: one JSON document over several lines, not JSON Lines.
+MANIFEST = '{\n  "name": "corpus",\n  "files": ["a.jsonl", "b.json.gz"],\n  "documents": 4\n}\n'
+
+
 def data_and_other_files(directory):
-    """Two JSONL files (one gzipped), a Parquet file and, beside them, files that are not data."""
+    """Two JSONL files (one gzipped *.json, as C4's and Dolma's shards are named), a Parquet
+    file and, beside them, files that are not data: a plain *.json among them."""
     write_jsonl(directory / "a.jsonl", ["first document", "second document"])
     (directory / "b.json.gz").write_bytes(gzip.compress(b'{"text": "third document"}\n'))
     write_parquet(directory / "part" / "c.parquet", {"text": ["fourth document"]})
+    (directory / "MANIFEST.json").write_text(MANIFEST)
     (directory / "README.md").write_text("# Corpus\n\nThese files hold the corpus.\n")
     (directory / "config.yaml").write_text("name: corpus\n")
     (directory / "_SUCCESS").write_text("")
@@ -134,8 +140,8 @@ def test_a_directory_input_reads_its_data_files_and_lists_what_it_skipped(tmp_pa
     assert stats(tmp_path / "o.zarr")["documents"] == 4 and stats(tmp_path / "o.zarr")["rejected"] == 0
     warnings = [line for line in proc.stderr.splitlines() if "skipped" in line]
     assert len(warnings) == 1, proc.stderr
-    assert f"--input {data}: skipped 4 file(s) not named as JSONL or Parquet data" in warnings[0]
-    for name in ("README.md", "config.yaml", "_SUCCESS", "part/notes.txt"):
+    assert f"--input {data}: skipped 5 file(s) not named as JSONL or Parquet data" in warnings[0]
+    for name in ("MANIFEST.json", "README.md", "config.yaml", "_SUCCESS", "part/notes.txt"):
         assert f"{data}/{name}" in warnings[0]
     # A glob names its files itself: they are read whatever their names.
     proc = run_pipeline("--input", f"{data}/*.md", *BYTES, "--output", tmp_path / "md.zarr", check=False)
@@ -145,7 +151,35 @@ def test_a_directory_input_reads_its_data_files_and_lists_what_it_skipped(tmp_pa
     only_other.mkdir()
     (only_other / "README.md").write_text("nothing to read\n")
     message = refused(run_pipeline("--input", only_other, *BYTES, "--output", tmp_path / "o2.zarr", check=False))
-    assert "holds no file named as JSONL or Parquet data, only: " + str(only_other / "README.md") in message
+    assert "holds no file named as JSONL or Parquet data" in message and str(only_other / "README.md") in message
+
+
+def test_a_plain_json_file_is_read_only_when_named_and_rejected_lines_name_their_file(tmp_path):
+    """A corpus directory with a MANIFEST.json failed on 17% rejected lines, and the error
+    named only the report folder. A *.json file is read when named (or globbed), as JSONL."""
+    data = tmp_path / "data"
+    write_jsonl(data / "docs.jsonl", [f"document {i}" for i in range(20)])
+    (data / "MANIFEST.json").write_text(MANIFEST)
+    run_pipeline("--input", data, *BYTES, "--output", tmp_path / "dir.zarr", "--quiet")
+    assert (stats(tmp_path / "dir.zarr")["documents"], stats(tmp_path / "dir.zarr")["rejected"]) == (20, 0)
+    # Named or globbed, it is read: its lines are not JSON objects, and the error names it.
+    for i, named in enumerate(([data / "docs.jsonl", data / "MANIFEST.json"], [f"{data}/*"])):
+        proc = run_pipeline("--input", *named, *BYTES, "--output", tmp_path / f"named{i}.zarr", check=False)
+        assert proc.returncode == 1, proc.stderr
+        assert "non-blank input lines were rejected" in proc.stderr, proc.stderr
+        assert f"most in {data / 'MANIFEST.json'} (5)" in proc.stderr, proc.stderr
+        assert str(data / "docs.jsonl") not in proc.stderr, proc.stderr  # it has no rejected line
+
+
+def test_a_huggingface_save_to_disk_folder_is_refused_with_what_to_do(tmp_path):
+    folder = tmp_path / "saved"
+    folder.mkdir()
+    (folder / "data-00000-of-00001.arrow").write_bytes(b"ARROW1")
+    (folder / "dataset_info.json").write_text('{\n  "citation": ""\n}\n')
+    (folder / "state.json").write_text('{\n  "_data_files": []\n}\n')
+    message = refused(run_pipeline("--input", folder, *BYTES, "--output", tmp_path / "o.zarr", check=False))
+    assert "holds no file named as JSONL or Parquet data" in message and "state.json" in message, message
+    assert "to_json or to_parquet" in message, message
 
 
 def test_a_gs_directory_input_reads_its_data_files_and_lists_what_it_skipped(gcs, tmp_path):  # noqa: F811
@@ -154,7 +188,7 @@ def test_a_gs_directory_input_reads_its_data_files_and_lists_what_it_skipped(gcs
     folder = f"gs://{BUCKET}/mixed-dir"
     proc = run_pipeline("--input", folder, *BYTES, "--output", f"gs://{BUCKET}/mixed-dir.zarr", "--quiet",
                         env=gcs.env, timeout=200)
-    assert "skipped 4 file(s)" in proc.stderr and f"{folder}/README.md" in proc.stderr, proc.stderr
+    assert "skipped 5 file(s)" in proc.stderr and f"{folder}/MANIFEST.json" in proc.stderr, proc.stderr
     assert "4 documents, 0 blank lines, 0 rejected lines" in proc.stdout, proc.stdout
 
 

@@ -202,18 +202,23 @@ def test_a_users_file_that_appears_while_the_output_is_replaced_is_left_there(tm
 
 @pytest.mark.parametrize("overwrite", [["--overwrite"], []])
 def test_an_output_holding_an_input_is_refused(tmp_path, overwrite):
-    """`--input data/ --output data/out.zarr`: the first run is fine; a rerun would read its
-    own output as input and delete it."""
+    """`--input data/ --output data/out.zarr`: the first run is fine; a rerun used to find its
+    own output among the input directory's files and refuse (issue 27.8): the listing now
+    leaves this tool's outputs out, so the rerun reads what the first run read. An output
+    that holds an input file is still refused: replacing it would delete the input."""
     data = tmp_path / "data"
     write_jsonl(data / "docs.jsonl", ["one document", "another"])
     out = data / "out.zarr"
     run_pipeline("--input", data, *BYTES, "--output", out)
+    subprocess.run(["cp", "-r", str(out), str(tmp_path / "first.zarr")], check=True)
     before = digest(data)
-    proc = run_pipeline("--input", data, *BYTES, "--output", out, *overwrite, check=False)
-    assert proc.returncode == 2, proc.stderr
-    if overwrite:
-        assert f"--output {out}: holds the input {out}/" in proc.stderr, proc.stderr
-    assert digest(data) == before
+    proc = run_pipeline("--input", data, *BYTES, "--output", out, *overwrite)
+    assert "left out this tool's own output" in proc.stderr and f"{out}/" in proc.stderr, proc.stderr
+    if not overwrite:  # the same command: already built, nothing rewritten
+        assert "already built by run" in proc.stderr and digest(data) == before, proc.stderr
+    check_flat_tokens(out, "--compare", tmp_path / "first.zarr")
+    assert (data / "docs.jsonl").read_text().count("\n") == 2
+    before = digest(data)
     proc = run_pipeline("--input", data / "docs.jsonl", *BYTES, "--output", data, *overwrite, check=False)
     assert proc.returncode == 2 and digest(data) == before, proc.stderr
 
@@ -792,9 +797,14 @@ def test_gs_outputs_holding_an_input_or_the_rejected_directory_are_refused(gcs, 
     gcs.fs.pipe(f"{BUCKET}/safety/data/docs.jsonl", b'{"text": "one"}\n{"text": "two"}\n')
     data, out = gs("data"), gs("data", "out.zarr")
     gs_run(gcs, "--input", data, *BYTES, "--output", out, check=True)
+    # An output inside its input directory is left out of the listing (issue 27.8): the rerun
+    # reads the one document file, as the first run did.
+    proc = gs_run(gcs, "--input", data, *BYTES, "--output", out, "--overwrite", check=True)
+    assert f"left out this tool's own output (datasets, staging areas, rejected-lines reports): {out}/" in proc.stderr
+    assert "2 documents" in proc.stdout, proc.stdout
     before = gs_digest(gcs, data)
-    proc = gs_run(gcs, "--input", data, *BYTES, "--output", out, "--overwrite")
-    assert proc.returncode == 2 and f"--output {out}: holds the input {out}/" in proc.stderr, proc.stderr
+    proc = gs_run(gcs, "--input", f"{data}/docs.jsonl", *BYTES, "--output", data, "--overwrite")
+    assert proc.returncode == 2 and f"--output {data}: holds " in proc.stderr, proc.stderr
     proc = gs_run(gcs, *GS_ARGS, "--output", gs("r.zarr"), "--rejected_output", gs("r.zarr", "rejected"), "--overwrite")
     assert proc.returncode == 2 and "holds the --rejected_output directory" in proc.stderr, proc.stderr
     assert gs_digest(gcs, data) == before and not gs_digest(gcs, gs("r.zarr"))

@@ -13,7 +13,7 @@ TRANSFORMS = REPO / "transforms"
 STAGES = ["read", "tokenize", "shuffle", "write"]  # in the order of the sentence
 SENTENCE = [  # (stage, step) as pipeline/graph.py must import them
     ("read", "ReadCorpus"), ("tokenize", "TokenizeBatches"), ("tokenize", "DropDuplicates"),
-    ("shuffle", "WeighSources"), ("shuffle", "ShuffleGlobally"), ("write", "LayOutShards"),
+    ("tokenize", "LimitLengths"), ("shuffle", "WeighSources"), ("shuffle", "ShuffleGlobally"), ("write", "LayOutShards"),
     ("write", "CreateOutput"), ("write", "WriteRejectedLines"), ("write", "CheckRejectedFraction"),
     ("write", "WriteFlatTokens"), ("write", "CommitDataset")]
 
@@ -100,7 +100,8 @@ def test_each_stage_names_its_steps_and_says_what_it_keeps():
 def test_the_reader_and_verify_import_no_beam():
     """A trainer's environment has numpy and zarr, not Beam: the stage packages name their
     PTransforms lazily, so importing a plain module of one does not pull Beam in."""
-    code = ("import sys; import pipeline.reader, pipeline.blend, pipeline.verify, pipeline.inspect; "
+    code = ("import sys; import pipeline.reader, pipeline.blend, pipeline.verify, pipeline.inspect, pipeline.loaders, "
+            "pipeline.megatron; "
             "print('apache_beam' in sys.modules)")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr

@@ -377,9 +377,22 @@ def test_iteration_of_one_huge_sequence_and_of_an_empty_split(tmp_path):
     assert [s.tolist() for s in splits["train"]] == seqs
     assert [s.tolist() for s in splits["train"].iter_sequences(1, 3)] == seqs[1:3]
     assert list(splits["validation"]) == [] and list(splits["validation"].iter_encoded()) == []
-    assert list(splits["validation"].packed_batches(4, 2)) == []  # no window: an empty stream, at once
+    with pytest.raises(ValueError, match="no full window"):  # an endless stream of nothing: refused at once
+        splits["validation"].packed_batches(4, 2)
     with pytest.raises(IndexError):
         splits["train"].iter_sequences(2, 5)
+
+
+def test_a_split_shorter_than_one_window_raises(example):
+    """The stream is endless: on a split with no full window it would yield nothing, silently."""
+    train = FlatTokensSplit(example)  # 8 tokens
+    assert train.num_windows(8) == 1 and train.num_windows(9) == 0
+    for kwargs in ({}, {"epochs": 1}, {"start_step": 3}):
+        with pytest.raises(ValueError, match=r"holds no full window of 9 tokens \(8 tokens\)"):
+            train.packed_batches(9, 2, **kwargs)  # at the call, not at the first next()
+    with pytest.raises(ValueError, match="fewer than world_size 2"):  # a host would get nothing
+        train.packed_batches(8, 2, rank=1, world_size=2)
+    assert next(train.packed_batches(8, 2))[1].tolist() == [list(range(1, 9))] * 2  # one window, every step
 
 
 def test_an_epoch_holds_every_full_window_exactly_once(bytes_dataset):

@@ -22,8 +22,10 @@ def section(text: str, title: str) -> str:
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
-    """out/sample.zarr (the quickstart) and out/mixed.zarr (the mixture example) in a directory."""
+    """out/sample.zarr (the quickstart) and out/mixed.zarr (the mixture example) in a directory
+    that, like the repository root, holds pipeline/sample/."""
     root = tmp_path_factory.mktemp("readme")
+    (root / "pipeline").symlink_to(REPO / "pipeline", target_is_directory=True)
     run_pipeline("--input", f"{SAMPLE}/*.jsonl", "--tokenizer", SAMPLE / "tokenizer.json", "--output",
                  root / "out" / "sample.zarr")
     mix = root / "mix.yaml"

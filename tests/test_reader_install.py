@@ -1,7 +1,11 @@
-"""The reader in a trainer's environment: numpy, zarr and fsspec, nothing of the pipeline's
-own stack (no Beam, tokenizers, zstandard, orjson or pyarrow). A fresh virtual environment
-with only those three reads a dataset the pipeline wrote, as the README's install line says."""
+"""The reader-only install (reader/setup.py: the distribution flat-tokens-reader) in a trainer's
+fresh environment: `pip install ./reader` brings numpy, zarr and fsspec and nothing of the
+pipeline's own stack (no Beam, tokenizers, zstandard, orjson, pyarrow or gcsfs), and from it
+a trainer reads a dataset the pipeline wrote, takes a training step's batches on two hosts,
+trains one step on them, blends, splits a stream over loader workers, and runs `flat-tokens
+verify` and `inspect`; `flat-tokens run` says it needs the full install."""
 import json
+import shutil
 import subprocess
 import sys
 
@@ -12,16 +16,44 @@ from pipeline.blend import Blend
 from pipeline.reader import open_dataset
 from tests.helpers import REPO, run_pipeline
 
+pytestmark = pytest.mark.slow  # builds a virtual environment and installs into it
+
 TRAINER = """
 import json, sys
+import numpy as np
+import pipeline.reader
 from pipeline.blend import Blend
+from pipeline.loaders import PackedBatchStream
 from pipeline.reader import open_dataset
+
 splits = open_dataset(sys.argv[1])
 train = splits["train"]
-batch = next(train.packed_batches(64, 4, seed=3, rank=1, world_size=2, segments=True))
+# One training step of a two-host job: each host's batch of step 0, from its own share.
+hosts = [next(train.packed_batches(64, 8, seed=3, rank=r, world_size=2, segments=True)) for r in range(2)]
+inputs = np.concatenate([b.inputs for b in hosts])
+targets = np.concatenate([b.targets for b in hosts])
+# A bigram model, trained one step of gradient descent on that batch (numpy alone).
+vocab = train.max_token_id + 1
+weights = np.zeros((vocab, vocab))
+
+def loss_and_grad(w):
+    logits = w[inputs]
+    logits -= logits.max(axis=-1, keepdims=True)
+    p = np.exp(logits)
+    p /= p.sum(axis=-1, keepdims=True)
+    loss = -np.log(np.take_along_axis(p, targets[..., None], -1)).mean()
+    p[np.arange(inputs.shape[0])[:, None], np.arange(inputs.shape[1]), targets] -= 1
+    grad = np.zeros_like(w)
+    np.add.at(grad, inputs, p / inputs.size)
+    return loss, grad
+
+before, grad = loss_and_grad(weights)
+after, _ = loss_and_grad(weights - 50 * grad)
+worker = next(PackedBatchStream(train, 64, 8, seed=3, rank=1, world_size=2).batches(1, 2))  # step 1
 blended = next(Blend([train, splits["validation"]], [3, 1], seed=1).packed_batches(64, 4))
-out = {"sequences": [s.tolist() for s in train.iter_sequences(0, 5)], "targets": batch.targets.tolist(),
-       "segment_ids": batch.segment_ids.tolist(), "blended": blended[1].tolist()}
+out = {"reader": pipeline.reader.__file__, "sequences": [s.tolist() for s in train.iter_sequences(0, 5)],
+       "targets": targets.tolist(), "segment_ids": hosts[1].segment_ids.tolist(), "losses": [before, after],
+       "worker": worker[1].tolist(), "blended": blended[1].tolist()}
 for name in ("apache_beam", "tokenizers", "zstandard", "orjson", "pyarrow", "gcsfs"):
     try:
         __import__(name)
@@ -33,26 +65,64 @@ print(json.dumps(out))
 
 
 @pytest.fixture(scope="module")
-def trainer_python(tmp_path_factory):
-    venv = tmp_path_factory.mktemp("trainer") / "venv"
+def reader_venv(tmp_path_factory):
+    """A fresh virtual environment with `pip install ./reader`, from a copy of the clone's
+    reader/, pipeline/ and transforms/ (so no build output lands in the clone)."""
+    root = tmp_path_factory.mktemp("trainer")
+    source = root / "clone"
+    for name in ("reader", "pipeline", "transforms"):
+        shutil.copytree(REPO / name, source / name, ignore=shutil.ignore_patterns("build", "__pycache__"))
+    venv = root / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "numpy", "zarr>=3.1", "fsspec"], check=True,
-                   timeout=600, capture_output=True)
-    return venv / "bin" / "python"
+    proc = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", str(source / "reader")], timeout=900,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    shutil.rmtree(source)  # the install stands on its own
+    return venv / "bin"
 
 
-def test_a_numpy_zarr_fsspec_environment_reads_and_blends(trainer_python, tmp_path, corpus):
+def in_venv(bin_dir, *args, cwd):
+    return subprocess.run([str(a) for a in args], cwd=cwd, capture_output=True, text=True, timeout=300,
+                          env={"PATH": f"{bin_dir}:/usr/bin:/bin"})
+
+
+def test_the_reader_install_trains_a_step_blends_and_verifies(reader_venv, tmp_path, corpus):
     out = tmp_path / "d.zarr"
     run_pipeline("--input", f"{corpus}/*.jsonl", "--output", out, "--tokenizer", "bytes", "--validation_fraction", "0.1")
-    proc = subprocess.run([str(trainer_python), "-c", TRAINER, str(out)], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=300, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    proc = in_venv(reader_venv, reader_venv / "python", "-c", TRAINER, out, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout)
     assert "importable" not in got, got["importable"]  # not even installed there
+    assert str(reader_venv.parent) in got["reader"]  # the installed package, not the clone
     splits = open_dataset(str(out))
     train = splits["train"]
-    batch = next(train.packed_batches(64, 4, seed=3, rank=1, world_size=2, segments=True))
+    hosts = [next(train.packed_batches(64, 8, seed=3, rank=r, world_size=2, segments=True)) for r in range(2)]
     assert got["sequences"] == [s.tolist() for s in train.iter_sequences(0, 5)]
-    assert np.array_equal(got["targets"], batch.targets) and np.array_equal(got["segment_ids"], batch.segment_ids)
+    assert np.array_equal(got["targets"], np.concatenate([b.targets for b in hosts]))
+    assert np.array_equal(got["segment_ids"], hosts[1].segment_ids)
+    before, after = got["losses"]
+    assert before == pytest.approx(np.log(train.max_token_id + 1)) and after < before - 0.1  # it learned
+    step1 = list(zip(range(2), train.packed_batches(64, 8, seed=3, rank=1, world_size=2)))[1][1]
+    assert np.array_equal(got["worker"], step1[1])
     blended = next(Blend([train, splits["validation"]], [3, 1], seed=1).packed_batches(64, 4))
     assert np.array_equal(got["blended"], blended[1])
+    verify = in_venv(reader_venv, reader_venv / "flat-tokens", "verify", out, cwd=tmp_path)
+    assert verify.returncode == 0 and "OK: train" in verify.stdout, verify.stdout + verify.stderr
+    inspect = in_venv(reader_venv, reader_venv / "flat-tokens", "inspect", out, "--sequences", "1", cwd=tmp_path)
+    assert inspect.returncode == 0 and "train" in inspect.stdout, inspect.stderr[-2000:]
+    run = in_venv(reader_venv, reader_venv / "flat-tokens", "run", "--help", cwd=tmp_path)
+    assert run.returncode == 2 and "Install flat-tokens-beam for `run` and `export`" in run.stderr, run.stderr
+
+
+def test_the_full_install_keeps_its_setup():
+    """The repository root's setup.py stays the full distribution (Dataflow's --setup_file, the
+    Flink and scheduled templates, `pip install -e '.[test,fast]'`), and reader/setup.py names
+    exactly the reader's dependencies."""
+    full = (REPO / "setup.py").read_text()
+    reader = (REPO / "reader" / "setup.py").read_text()
+    assert 'name="flat-tokens-beam"' in full and "apache-beam" in full and "tokenizers" in full
+    assert 'name="flat-tokens-reader"' in reader
+    for name in ("apache-beam", "tokenizers", "orjson", "zstandard", "pyyaml", "pyarrow"):
+        assert f'"{name}' not in reader
+    for name in ("numpy", "zarr", "fsspec", "gcsfs"):
+        assert f'"{name}' in reader

@@ -1,6 +1,7 @@
 """Reruns and retries: killed runs never look finished, reruns and retried writes give
 the same bytes, finished datasets are never clobbered by accident."""
 import hashlib
+import json
 import os
 import signal
 import subprocess
@@ -8,6 +9,7 @@ import sys
 import time
 
 import numpy as np
+import zarr
 
 from pipeline import verify
 from tests.helpers import CHECKER, REPO, check_flat_tokens, run_pipeline, write_jsonl
@@ -40,8 +42,9 @@ def test_an_existing_dataset_is_refused_without_overwrite(tmp_path):
     out = tmp_path / "out.zarr"
     run_pipeline("--input", src, "--output", out, "--tokenizer", "bytes")
     before = tree_digest(out)
-    proc = run_pipeline("--input", src, "--output", out, "--tokenizer", "bytes", check=False)
+    proc = run_pipeline("--input", src, "--output", out, "--tokenizer", "bytes", "--seed", "1", check=False)
     assert proc.returncode == 2 and "--overwrite" in proc.stderr and str(out) in proc.stderr
+    assert "built by another command (--seed 0 -> 1)" in proc.stderr, proc.stderr
     assert tree_digest(out) == before
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "notes.txt").write_text("not ours")
@@ -145,3 +148,71 @@ def test_every_write_step_is_idempotent_under_retry(tmp_path):
     commit.commit(chunks, layout, counts)  # a retried commit
     assert tree_digest(tmp_path / "o.zarr") == committed
     assert verify.verify_dataset(str(tmp_path / "o.zarr")) == []
+
+
+def test_an_output_inside_its_own_input_directory_is_left_out_of_later_runs(tmp_path):
+    """`--input DIR --output DIR/out.zarr` worked once; then the input held the output (exit
+    2), and the rejected-lines report under DIR was read back as data."""
+    data = tmp_path / "data"
+    write_jsonl(data / "a.jsonl", [f"document {i}" for i in range(2000)])
+    with open(data / "a.jsonl", "a") as f:
+        f.write("{not json\n")  # one rejected line: a report under DIR
+    args = ["--tokenizer", "bytes", "--max_rejected_fraction", "0.01", "--overwrite"]
+    for i, pattern in enumerate((data, data, f"{data}/**/*.jsonl")):
+        proc = run_pipeline("--input", pattern, "--output", data / "out.zarr", *args)
+        got = zarr.open_group(str(data / "out.zarr"), mode="r").attrs["stats"]
+        assert (got["documents"], got["rejected"]) == (2000, 1), (i, got)
+        assert list((data / "out.zarr.rejected").glob("rejected-*.jsonl")), i
+        if i:
+            assert "left out this tool's own output" in proc.stderr and f"{data}/out.zarr/" in proc.stderr
+            assert "out.zarr.rejected/rejected-" in proc.stderr, proc.stderr
+            check_flat_tokens(data / "out.zarr", "--compare", tmp_path / "first.zarr")
+        else:
+            subprocess.run(["cp", "-r", str(data / "out.zarr"), str(tmp_path / "first.zarr")], check=True)
+
+
+def test_a_summary_json_inside_the_output_is_the_output_s_own(tmp_path):
+    """It could not be written on the first run (the output's directory did not exist yet),
+    and once there it made the output foreign: the next --overwrite was refused."""
+    src = write_jsonl(tmp_path / "in.jsonl", [f"document {i}" for i in range(50)])
+    out = tmp_path / "out.zarr"
+    args = ["--input", src, "--tokenizer", "bytes", "--output", out, "--summary_json", out / "summary.json"]
+    run_pipeline(*args)
+    assert json.loads((out / "summary.json").read_text())["stats"]["documents"] == 50
+    first_run = zarr.open_group(str(out), mode="r").attrs["run_id"]
+    run_pipeline(*args, "--overwrite", "--seed", "3")
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["run_id"] == zarr.open_group(str(out), mode="r").attrs["run_id"] != first_run
+    assert verify.verify_dataset(str(out)) == []
+    # Without --summary_json naming it, it is a file of someone else's there.
+    proc = run_pipeline("--input", src, "--tokenizer", "bytes", "--output", out, "--overwrite", check=False)
+    assert proc.returncode == 2 and "summary.json" in proc.stderr, proc.stderr
+    # Inside a split it would make the dataset foreign: refused before anything is read.
+    proc = run_pipeline(*args[:-1], out / "train" / "summary.json", "--overwrite", check=False)
+    assert proc.returncode == 2 and "where the dataset's own files go" in proc.stderr, proc.stderr
+
+
+def test_the_same_command_after_its_commit_finds_the_dataset_already_built(tmp_path):
+    """A run killed after its commit, or a scheduler's retry of a job that finished, reran the
+    command and got exit 2 ("exists and is not empty"). The same command over the same input
+    now says so and exits 0, rewriting nothing; --summary_json is written for the retry."""
+    src = write_jsonl(tmp_path / "in" / "a.jsonl", [f"document {i}" for i in range(100)])
+    out, summary = tmp_path / "out.zarr", tmp_path / "summary.json"
+    args = ["--input", tmp_path / "in", "--tokenizer", "bytes", "--output", out]
+    run_pipeline(*args, "--summary_json", summary)
+    first = json.loads(summary.read_text())
+    summary.unlink()
+    before = tree_digest(out)
+    proc = run_pipeline(*args, "--summary_json", summary)
+    run_id = first["run_id"]
+    assert f"already built by run {run_id}" in proc.stderr and "nothing was rewritten" in proc.stdout, proc.stderr
+    assert tree_digest(out) == before
+    retried = json.loads(summary.read_text())
+    assert retried["already_built"] is True and retried["built_by_run"] == run_id
+    assert retried["stats"] == first["stats"] and retried["output_bytes"] == first["output_bytes"]
+    # The same command over changed input is not the same dataset: refused, saying why.
+    with open(src, "a") as f:
+        f.write(json.dumps({"text": "one more document"}) + "\n")
+    proc = run_pipeline(*args, check=False)
+    assert proc.returncode == 2 and "from other input" in proc.stderr and "--overwrite" in proc.stderr, proc.stderr
+    assert tree_digest(out) == before

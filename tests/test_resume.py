@@ -180,6 +180,24 @@ def test_the_summary_says_what_was_reused(job, tmp_path):
     assert line.strip().startswith(f"resumed: reused {FILES} of {FILES} input units, ") and " chunks" in line
 
 
+def test_a_routine_resume_after_a_kill_says_plainly_that_nothing_is_wrong(job, tmp_path):
+    """The rerun printed `waiting for run ...'s write ... to land` and `should it land later,
+    that run leaves a conflict record` for the lease of a process the kill had ended."""
+    root, args, ref = job
+    out = tmp_path / "out.zarr"
+    kill_when(args, out, lambda: shards_recorded(out) >= 2)
+    ended = subprocess.run([sys.executable, "-c", "import json; from transforms import processes; "
+                            "print(json.dumps(processes.this_process()))"], cwd=REPO, capture_output=True,
+                           text=True, check=True)
+    lease = {"run_id": "a" * 32, "what": "shard train/3's chunks", "process": json.loads(ended.stdout)}
+    (out / f".flat-tokens-writing.{'a' * 32}.{'b' * 32}").write_text(json.dumps(lease))
+    proc = run_pipeline(*args, "--output", out)
+    assert "waiting" not in proc.stderr and "conflict record" not in proc.stderr, proc.stderr
+    assert f"run {'a' * 32} was stopped while writing shard train/3's chunks" in proc.stderr, proc.stderr
+    assert "nothing is wrong" in proc.stderr
+    assert dataset_digest(out) == dataset_digest(ref)
+
+
 # ---------------------------------------------------------------------------------------------
 # Stale work is redone
 
@@ -198,8 +216,13 @@ def test_a_changed_input_file_is_read_again_and_no_chunk_is_reused(tmp_path):
     changed = tmp_path / "in" / "part-3.jsonl"
     with open(changed, "a", encoding="utf-8") as f:
         f.write(json.dumps({"text": "a document added after the kill"}) + "\n")
-    reused = resume(args, out, tmp_path / "summary.json")
+    proc = run_pipeline(*args, "--output", out, "--summary_json", tmp_path / "summary.json")
+    reused = json.loads((tmp_path / "summary.json").read_text())["reused"]
     assert (reused["input_units"], reused["chunks"]) == (FILES - 1, 0)
+    # It says what changed, and what is redone.
+    assert f"input file changed (size or modification time): {changed}" in proc.stderr, proc.stderr
+    assert "1 staged input unit no longer matches this job and is read and tokenized again" in proc.stderr
+    assert "chunks written before are written again" in proc.stderr
     assert dataset_digest(out) == fresh(tmp_path, args, "fresh.zarr")
 
 
@@ -229,8 +252,12 @@ def test_a_changed_tokenizer_file_redoes_everything(tmp_path):
     out = tmp_path / "out.zarr"
     kill_when(args, out, lambda: shards_recorded(out) >= 2)
     train_byte_level_bpe(texts, 600).save(str(tok))  # same path, other content
-    reused = resume(args, out, tmp_path / "summary.json")
+    proc = run_pipeline(*args, "--output", out, "--summary_json", tmp_path / "summary.json")
+    reused = json.loads((tmp_path / "summary.json").read_text())["reused"]
     assert (reused["input_units"], reused["chunks"]) == (0, 0)
+    # It used to re-tokenize everything without a word.
+    assert "the tokenizer's content changed (sha256 " in proc.stderr, proc.stderr
+    assert "staged input units no longer match this job and are read and tokenized again" in proc.stderr
     assert dataset_digest(out) == fresh(tmp_path, args, "fresh.zarr")
 
 
@@ -241,9 +268,13 @@ def test_another_command_needs_overwrite_and_reuses_only_what_its_options_leave_
     reseeded = [*args, "--seed", "7"]
     proc = run_pipeline(*reseeded, "--output", out, check=False)
     assert proc.returncode == 2 and "--overwrite" in proc.stderr and "unfinished output" in proc.stderr
+    # It says which options differ (it used to say only "an unfinished output is there").
+    assert "made by another command (--seed 0 -> 7); rerun that command to resume it" in proc.stderr, proc.stderr
     # The seed changes no tokenized batch: every unit is reused, no chunk.
-    reused = resume([*reseeded, "--overwrite"], out, tmp_path / "summary.json")
+    proc = run_pipeline(*reseeded, "--overwrite", "--output", out, "--summary_json", tmp_path / "summary.json")
+    reused = json.loads((tmp_path / "summary.json").read_text())["reused"]
     assert (reused["input_units"], reused["chunks"]) == (FILES, 0)
+    assert "chunks written before are written again: since that work was staged, --seed 0 -> 7" in proc.stderr
     assert dataset_digest(out) == fresh(tmp_path, reseeded, "reseeded.zarr")
     # Other batch limits change every batch: nothing is reused.
     out2 = tmp_path / "out2.zarr"
@@ -268,9 +299,17 @@ def test_no_staging_keeps_nothing_and_throws_found_work_away(job, tmp_path):
     root, args, ref = job
     out = tmp_path / "out.zarr"
     kill_when([*args, "--no_staging"], out, lambda: len(list(out.glob("train/encoded_tokens/[0-9]*"))) >= 3)
+    assert [p.name for p in area(out).iterdir()] == [staging.COMMAND]  # no work: the command's record only
+    # Rerunning the same command starts over, as the README says (it exited 2, telling to "rerun
+    # the command that made it", which had just been done).
+    run_pipeline(*args, "--no_staging", "--output", out)
     assert not area(out).exists()
-    proc = run_pipeline(*args, "--no_staging", "--output", out, check=False)  # nothing says which command it was
-    assert proc.returncode == 2 and "--overwrite" in proc.stderr
+    assert dataset_digest(out) == dataset_digest(ref)
+    # Another command still needs --overwrite.
+    out = tmp_path / "out1.zarr"
+    kill_when([*args, "--no_staging"], out, lambda: len(list(out.glob("train/encoded_tokens/[0-9]*"))) >= 3)
+    proc = run_pipeline(*args, "--no_staging", "--seed", "3", "--output", out, check=False)
+    assert proc.returncode == 2 and "--overwrite" in proc.stderr and "--seed 0 -> 3" in proc.stderr
     out = tmp_path / "out2.zarr"
     kill_when(args, out, lambda: shards_recorded(out) >= 2)
     run_pipeline(*args, "--no_staging", "--output", out, "--summary_json", tmp_path / "summary.json")
@@ -283,9 +322,14 @@ def test_a_committed_dataset_is_never_resumed(job, tmp_path):
     root, args, ref = job
     out = tmp_path / "out.zarr"
     shutil.copytree(ref, out)
-    proc = run_pipeline(*args, "--output", out, check=False)
+    before = dataset_digest(out)
+    # The same command: already built (the dataset, copied, is what it would build there).
+    proc = run_pipeline(*args, "--output", out)
+    assert "already built by run" in proc.stderr and "resum" not in proc.stderr + proc.stdout, proc.stderr
+    # Another: refused.
+    proc = run_pipeline(*args, "--seed", "5", "--output", out, check=False)
     assert proc.returncode == 2 and "--overwrite" in proc.stderr
-    assert not area(out).exists()
+    assert not area(out).exists() and dataset_digest(out) == before
 
 
 # ---------------------------------------------------------------------------------------------
@@ -488,7 +532,10 @@ VARIANTS = {
     "zarr 3 sharded": (corpus, ["--zarr_format", "3", "--chunks_per_shard", "2", "--codec", "blosc-zstd"]),
     "parquet": (parquet_corpus, []),
     "mixture": (mixture_corpus, ["--mixture", "{root}/mix.yaml"]),
+    "length limits and a mixture": (mixture_corpus, [
+        "--mixture", "{root}/mix.yaml", "--min_tokens", "20", "--max_tokens", "100"]),
     "two worker processes": (corpus, ["--direct_num_workers", "2", "--direct_running_mode", "multi_processing"]),
+    "four worker threads": (corpus, ["--direct_num_workers", "4", "--direct_running_mode", "multi_threading"]),
 }
 
 
@@ -497,7 +544,7 @@ def test_resume_gives_the_same_bytes_with(variant, tmp_path):
     make, extra = VARIANTS[variant]
     make(tmp_path / "in")
     args = job_args(tmp_path, *(e.format(root=tmp_path / "in") for e in extra))
-    if variant == "mixture":
+    if "--mixture" in extra:
         args = args[2:]  # no --input
     ref = tmp_path / "ref.zarr"
     run_pipeline(*args, "--output", ref)

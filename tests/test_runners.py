@@ -10,6 +10,12 @@
   dependencies into a fresh virtual environment, runs from outside the checkout, on the
   DirectRunner and as the code of EXTERNAL workers.
 
+* `--direct_running_mode multi_threading`: several SDK harnesses on threads of one process, each
+  bundle of a stage on a thread of its own (as a Dataflow or portable SDK worker process runs
+  them), with small batches and ranges so that bundles are many and long enough to overlap: the
+  same arrays as the in-process run. Beam's gRPC data plane split elements there until the
+  launcher turned its timed flushing off (pipeline/run.py, whole_elements_on_the_data_plane).
+
 Note: Beam's local job service runs one SDK worker per job (it calls FnApiRunner.run_via_runner_api,
 which ignores --direct_num_workers); concurrent writers are covered by the multi_processing
 DirectRunner tests in test_pipeline.py.
@@ -28,7 +34,8 @@ import zarr
 
 from pipeline import verify
 from tests.beam_services import portable_services, service_env, started_workers
-from tests.helpers import REPO, check_flat_tokens, run_pipeline, write_jsonl
+from tests.conftest import sample_texts
+from tests.helpers import REPO, check_flat_tokens, run_pipeline, stats, write_jsonl
 
 # Many shards and tiny chunks: chunks are shared between shards, so the writer's merge of shared
 # chunks is exercised; every value is far from the defaults.
@@ -94,6 +101,70 @@ def test_portable_runner_reports_a_worker_failure_and_commits_nothing(tmp_path, 
     assert "the pipeline failed" in message and "1 of 101 non-blank input lines were rejected" in message, message
     assert not out.exists() or verify.verify_dataset(str(out))
     assert services.job.poll() is None and services.pool.poll() is None, "a failed job took a service down"
+
+
+# ---------------------------------------------------------------------------------------------
+# --direct_running_mode multi_threading: concurrent bundles on threads of one process
+
+def threads(n: int) -> list[str]:
+    return ["--direct_running_mode", "multi_threading", "--direct_num_workers", str(n)]
+
+
+def test_multi_threading_workers_send_whole_elements_to_the_runner():
+    """A bundle whose elements take longer to encode than a timer's period (tests/slow_elements.py),
+    on the launcher's own runner: with Beam's timed flushing on, the runner got an element's key
+    in one message and its value in the next, and failed the job decoding them ("Invalid
+    PaneInfoEncoding"), or ran out of memory on a garbage length: hence a process of its own,
+    with its address space capped (it needs under 2 GB)."""
+    import resource
+
+    def cap_memory():
+        resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+
+    proc = subprocess.run([sys.executable, "-m", "tests.slow_elements", *threads(2)], cwd=REPO, capture_output=True,
+                          text=True, timeout=300, preexec_fn=cap_memory)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+@pytest.fixture(scope="module")
+def larger_corpus(tmp_path_factory):
+    """~6 MB of real text in 4 files (the sample, 12 times, each copy's documents marked), so
+    that a stage's bundles run for seconds on several threads at once."""
+    root = tmp_path_factory.mktemp("larger")
+    texts = [f"{copy}: {t}" for copy in range(12) for t in sample_texts()]
+    for i in range(4):
+        write_jsonl(root / "in" / f"part-{i}.jsonl", texts[i::4])
+    return root / "in"
+
+
+# Small batches and ranges (many bundles' worth of elements), the guard on a twentieth of the
+# documents (its thread busy in every bundle), more shards than threads.
+MANY_SMALL = ["--batch_documents", "16", "--read_range_mb", "1", "--tokenizer_check_fraction", "0.05",
+              "--num_shards", "7", "--tokens_chunk_size", "4096", "--seq_starts_chunk_size", "256"]
+
+
+@pytest.mark.slow
+def test_multi_threading_gives_the_arrays_of_the_in_process_run(tmp_path, larger_corpus, bpe_tokenizer):
+    """Before the launcher turned Beam's timed data-plane flushing off, this failed with
+    "'utf-8' codec can't decode byte 0x94 in position 18", as the 0.7 GB run of issue 31 did."""
+    common = ["--input", larger_corpus, "--tokenizer", bpe_tokenizer, *MANY_SMALL]
+    run_pipeline(*common, "--output", tmp_path / "in-process.zarr")
+    run_pipeline(*common, "--output", tmp_path / "threads.zarr", *threads(4))
+    check_flat_tokens(tmp_path / "threads.zarr", "--compare", tmp_path / "in-process.zarr")
+    assert stats(tmp_path / "threads.zarr") == stats(tmp_path / "in-process.zarr")
+    assert verify.verify_dataset(str(tmp_path / "threads.zarr")) == []
+
+
+@pytest.mark.slow
+def test_many_small_bundles_on_many_threads(tmp_path, direct_reference, corpus, bpe_tokenizer):
+    """Stress: 16 harness threads, four documents a batch, every document compared by the
+    guard on its thread, 7 shards of tiny chunks (written and merged concurrently)."""
+    out = tmp_path / "threads.zarr"
+    run_pipeline("--input", f"{corpus}/*.jsonl", "--tokenizer", bpe_tokenizer, "--output", out, *STRESS,
+                 "--batch_documents", "4", "--read_range_mb", "1", "--tokenizer_check_fraction", "1", *threads(16))
+    check_flat_tokens(out, "--compare", direct_reference)
+    check_flat_tokens(out, "--input", f"{corpus}/*.jsonl", "--tokenizer", bpe_tokenizer)
+    assert stats(out) == stats(direct_reference)
 
 
 def test_services_and_their_workers_are_stopped_even_when_the_block_fails(tmp_path):

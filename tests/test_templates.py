@@ -439,7 +439,7 @@ def test_values_the_regexes_accept_are_values_the_job_accepts(name):
         base = {"input": "gs://my-bucket/x.jsonl", "output": "gs://my-bucket/o.zarr", "tokenizer": "bytes"}
         if name == "mixture":
             del base["input"]
-        extra = ["--zarr_format=3"] if name == "chunks_per_shard" else []
+        extra = {"chunks_per_shard": ["--zarr_format=3"], "long_documents": ["--max_tokens=100"]}.get(name, [])
         argv = launcher.template_argv([*(f"--{k}={v}" for k, v in base.items() if k != name),
                                        f"--{name}={value}", *extra])
         try:
@@ -541,6 +541,7 @@ TEMPLATE_VALUES = {  # every optional parameter, as Dataflow passes it (validati
     "near_bands": "16",
     "record_sources": "true",
     "split_special_tokens": "true",
+    "min_tokens": "2", "max_tokens": "4096", "long_documents": "split",
 }
 # The parameters `launched` cannot combine with its input/validation_input: see the mixture launch below.
 LAUNCHED_APART = {"mixture"}
@@ -590,10 +591,15 @@ def test_launcher_runs_a_mixture(tmp_path):
 def test_relaunch_without_overwrite_is_refused_and_keeps_the_dataset(launched, capsys):
     assert launched.proc.returncode == 0
     before = root_run_id(launched.out)
+    # The same job again (a scheduler's retry): already built, nothing rewritten, exit 0.
     argv = [f"--{k}={v}" for k, v in launched.params.items() if k != "overwrite"]
-    assert load_launcher().main(argv) == 2
+    assert load_launcher().main(argv) == 0
+    assert f"was already built by run {before}" in capsys.readouterr().out
+    # Another job on the same output: refused.
+    reseeded = [a for a in argv if not a.startswith("--seed=")] + ["--seed=8"]
+    assert load_launcher().main(reseeded) == 2
     assert "exists and is not empty" in capsys.readouterr().err
-    assert load_launcher().main(argv + ["--overwrite=false"]) == 2
+    assert load_launcher().main(reseeded + ["--overwrite=false"]) == 2
     assert root_run_id(launched.out) == before
     dataset_ok(launched.out)
 
@@ -854,11 +860,11 @@ def test_every_flink_version_the_flink_files_name_has_a_job_server():
 
 
 def test_shard_size_claims_are_the_codes():
-    """'~N MB of text' on a line about shards, wherever the docs say it, is DEFAULT_SHARD_MB."""
+    """'~N MiB of text' on a line about shards, wherever the docs say it, is DEFAULT_SHARD_MB."""
     files = [FLINK / "README.md", FLINK / "flink-conf.yaml", DATAFLOW / "README.md", METADATA,
              REPO / "README.md", REPO / "docs" / "design.md"]
     claims = {f.relative_to(REPO): [int(n) for line in f.read_text().splitlines() if "shard" in line.lower()
-                                    for n in re.findall(r"([0-9]+) MB[ -]of[ -]text", line)]
+                                    for n in re.findall(r"([0-9]+) MiB[ -]of[ -]text", line)]
               for f in files}
     assert claims[Path("templates/flink/README.md")] and claims[Path("templates/dataflow/metadata.json")], claims
     assert all(n == DEFAULT_SHARD_MB for numbers in claims.values() for n in numbers), claims

@@ -462,8 +462,10 @@ def test_property_store(seqs, block, fmt, data):
 
 def test_cli_ok(good, capsys):
     assert main([good, "--block", "2"]) == 0
-    out = capsys.readouterr().out.splitlines()
-    assert out == ["OK: train 3 seqs 8 tokens, validation 2 seqs 3 tokens"]
+    captured = capsys.readouterr()
+    assert captured.out.splitlines() == ["OK: train 3 seqs 8 tokens, validation 2 seqs 3 tokens"]
+    # Written here with zarr directly: no checksums, and verify says so (issue 27).
+    assert captured.err.splitlines() == [verify.NO_CHECKSUMS]
 
 
 def test_cli_storage_option_and_url(good, capsys):

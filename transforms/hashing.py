@@ -4,8 +4,9 @@ mixture's extra copies) is one of these pure functions, so it is the same on any
 The central one is where each document goes: a seeded, uniform, reproducible permutation.
 
 A document's position in the output is decided by a 64-bit hash of its *place* in the
-input (the input's index on the command line, its file name relative to the input root,
-and the byte offset of its line in the uncompressed file) salted with the seed. Sorting
+input (its file's path relative to the common root of all input files, and the byte offset
+of its line in the uncompressed file, or its row in a Parquet file) salted with the seed:
+the same files give the same places however they were named on the command line. Sorting
 by that hash is a uniformly random permutation that depends on nothing else: not on the
 runner, the worker count, bundle sizes, or how files were split for reading. Identical
 texts at different places get independent hashes, so duplicates are scattered.
@@ -27,9 +28,10 @@ SPLIT = "split"
 SAMPLE = "sample"  # a mixture's extra copy of a document (transforms.read.mixture)
 
 
-def file_salt(seed: int, purpose: str, file_key: str) -> np.uint64:
-    """A 64-bit salt for one input file, from the seed, a purpose and the file's stable key."""
-    digest = hashlib.blake2b(f"{seed}\0{purpose}\0{file_key}".encode(), digest_size=8).digest()
+def file_salt(seed: int, purpose: str, place: str) -> np.uint64:
+    """A 64-bit salt for one input file, from the seed, a purpose and the file's place name
+    (transforms.read.inputs.place_name: its path relative to the inputs' common root)."""
+    digest = hashlib.blake2b(f"{seed}\0{purpose}\0{place}".encode(), digest_size=8).digest()
     return np.uint64(int.from_bytes(digest, "little"))
 
 

@@ -44,7 +44,8 @@ def counter(name: str):
 class ProgressFile:
     """Running totals of one DoFn instance: added to the Beam counters at once and, with a
     `directory`, flushed there at most every second (and whenever the DoFn asks, e.g. at the
-    end of an input range)."""
+    end of an input range). The DoFn's teardown() may flush it while a bundle of the same
+    instance still adds to it on another thread (docs/design.md, "DoFn lifecycle")."""
 
     def __init__(self, directory: str | None):
         self._directory = directory
@@ -52,6 +53,7 @@ class ProgressFile:
         self._totals = {}
         self._last = 0.0
         self._counters = {}
+        self._lock = threading.Lock()
 
     def add(self, **counts) -> None:
         for k, v in counts.items():
@@ -61,25 +63,29 @@ class ProgressFile:
                 self._counters[k].inc(v)
         if not self._directory:
             return
-        for k, v in counts.items():
-            self._totals[k] = self._totals.get(k, 0) + v
+        with self._lock:
+            for k, v in counts.items():
+                self._totals[k] = self._totals.get(k, 0) + v
         now = time.monotonic()
         if now - self._last >= _WRITE_EVERY_SECONDS:
             self.flush()
             self._last = now
 
     def flush(self) -> None:
-        if not self._directory or not self._totals:
+        if not self._directory:
             return
-        if self._path is None:
-            self._path = os.path.join(self._directory, f"{os.getpid()}-{uuid.uuid4().hex}.json")
-        tmp = self._path + ".tmp"
-        try:
-            with open(tmp, "w") as f:
-                json.dump(self._totals, f)
-            os.replace(tmp, self._path)
-        except OSError:  # the launcher removed the directory: the run is over
-            pass
+        with self._lock:
+            if not self._totals:
+                return
+            if self._path is None:
+                self._path = os.path.join(self._directory, f"{os.getpid()}-{uuid.uuid4().hex}.json")
+            tmp = self._path + ".tmp"
+            try:
+                with open(tmp, "w") as f:
+                    json.dump(self._totals, f)
+                os.replace(tmp, self._path)
+            except OSError:  # the launcher removed the directory: the run is over
+                pass
 
 
 def read_totals(directory: str) -> dict:
@@ -101,8 +107,8 @@ def progress_line(totals: dict, elapsed: float, input_bytes: int) -> str:
     percent = min(99.9, 100.0 * read / input_bytes) if input_bytes else 0.0
     rate = read / elapsed / 2**20 if elapsed > 0 else 0.0
     tokens = totals.get("tokens", 0)
-    return (f"progress: {read / 2**20:,.1f} of {input_bytes / 2**20:,.1f} MB input read ({percent:.1f}%), "
-            f"{totals.get('documents', 0):,} documents, {tokens:,} tokens; {rate:,.1f} MB/s, "
+    return (f"progress: {read / 2**20:,.1f} of {input_bytes / 2**20:,.1f} MiB input read ({percent:.1f}%), "
+            f"{totals.get('documents', 0):,} documents, {tokens:,} tokens; {rate:,.1f} MiB/s, "
             f"{tokens / elapsed if elapsed > 0 else 0:,.0f} tokens/s; {elapsed:,.0f} s")
 
 

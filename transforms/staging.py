@@ -21,7 +21,13 @@ version). The *job key* hashes every unit key with every option that changes the
 shard gathers documents from every input, so its record is only good for the same job.
 
 Trust. Every object is written whole: under a temporary name renamed into place locally; an
-object store's upload is atomic. A unit is trusted when its account and all n of its batches
+object store's upload is atomic. Every object carries a checksum written with it
+(transforms/checksums.py): accounts, `.batch` objects, shard records and chunk marks are
+sealed (a CRC-32C trailer); a batch's ids stay as they are (the shuffle maps them in place),
+and their size and CRC-32C are sealed into its `.batch`. A shard record and a chunk mark also
+hold the size and CRC-32C of every chunk object they vouch for. Before a rerun reuses
+anything, the launcher checks it against those sums (pipeline/resume.py); what is damaged is
+redone, never reused. A unit is trusted when its account and all n of its batches
 (both files) are there, whichever runner fused what. A batch's `.batch` is written only once
 the tokenizer guard has compared its sample, so a batch that failed the guard is never
 reused. Shard records and chunk markers are written once their chunks landed and the claim
@@ -46,10 +52,11 @@ import numcodecs
 import numpy as np
 from fsspec.core import url_to_fs
 
+from transforms.checksums import Damaged, Sum, seal, stored_problem, unseal
 from transforms.records import TokenizedBatch, mapped_ids
 
 FOLDER = ".flat-tokens-staging"
-FORMAT = 1  # of the objects below; part of every key
+FORMAT = 2  # of the objects below; part of every key. 2: every object carries its checksum
 UNITS, SHARDS, CHUNKS = "units", "shards", "chunks"
 COMMAND, ARRAYS = "command.json", "arrays.json"
 IDS, BATCH = ".ids", ".batch"
@@ -107,6 +114,16 @@ class Staged:
     shards: dict = field(default_factory=dict)  # job key -> {(split, shard): (chunks, record name)}
     chunks: dict = field(default_factory=dict)  # job key -> {(split, array, index)}
     arrays_key: str | None = None  # the job key arrays.json names
+    # name -> its listing entry, where the store lists checksums (GCS: size and CRC-32C)
+    entries: dict = field(default_factory=dict)
+
+
+@dataclass
+class Documents:
+    """What put_batch stages of a batch besides its ids (batch_documents)."""
+
+    header: dict
+    arrays: dict
 
 
 class StagingArea:
@@ -167,11 +184,13 @@ class StagingArea:
                     raise
         return path
 
-    def put_batch_ids(self, unit: str, place: int, ids: np.ndarray) -> None:
-        """Stages a batch's ids (batch_ids_path says where, for the shuffle to map them)."""
+    def put_batch_ids(self, unit: str, place: int, ids: np.ndarray) -> Sum:
+        """Stages a batch's ids (batch_ids_path says where, for the shuffle to map them), as
+        they are: returns the Sum of what was stored, for put_batch to seal into the `.batch`."""
         ids = np.ascontiguousarray(ids)
-        data = ids.data if self.local else _IDS_CODEC.encode(ids)
-        self.put(self._batch_ids(unit, place), data)
+        data = ids if self.local else _IDS_CODEC.encode(ids)
+        self.put(self._batch_ids(unit, place), data.data if self.local else data)
+        return Sum.of(data)
 
     def batch_ids_path(self, unit: str, place: int) -> str | None:
         """Where put_batch_ids puts a batch's ids when the area is on local disk, else None."""
@@ -181,7 +200,7 @@ class StagingArea:
     def _batch_ids(unit: str, place: int) -> str:
         return f"{UNITS}/{unit}/{place_name(place)}{IDS}"
 
-    def batch_documents(self, batch: TokenizedBatch) -> bytes:
+    def batch_documents(self, batch: TokenizedBatch) -> Documents:
         """What put_batch stages of a batch: everything but its ids (a few bytes per document)."""
         header = {"file_key": batch.file_key, "split": batch.split, "empty": int(batch.empty),
                   "ids_dtype": batch.ids.dtype.name, "ids": int(batch.ids.size), "local": self.local}
@@ -190,30 +209,34 @@ class StagingArea:
             arrays["digests"] = batch.digests
         if batch.signatures is not None:
             arrays["signatures"] = batch.signatures
-        return _npz(header, arrays)
+        return Documents(header, arrays)
 
-    def put_batch(self, unit: str, place: int, documents: bytes) -> None:
-        """Stages a batch's documents (batch_documents; its ids are staged already): the batch
-        counts from here."""
-        self.put(f"{UNITS}/{unit}/{place_name(place)}{BATCH}", documents)
+    def put_batch(self, unit: str, place: int, documents: Documents, ids: Sum) -> None:
+        """Stages a batch's documents (batch_documents), with the Sum of its ids (staged
+        already: put_batch_ids), sealed: the batch counts from here."""
+        header = {**documents.header, "ids_sum": Sum(*ids).to_json()}
+        self.put(f"{UNITS}/{unit}/{place_name(place)}{BATCH}", seal(_npz(header, documents.arrays)))
 
     def put_unit(self, unit: str, account: dict) -> None:
         """Stages a unit's account, after its last batch was emitted: the unit counts once every
         batch it names is staged."""
         name = f"unit.{len(account['places'])}.json"
-        self.put(f"{UNITS}/{unit}/{name}", json.dumps({"format": FORMAT, "unit": unit, **account}).encode())
+        self.put(f"{UNITS}/{unit}/{name}", seal(json.dumps({"format": FORMAT, "unit": unit, **account}).encode()))
 
     def put_shard(self, split: str, shard: int, record: dict, fragments: list) -> None:
-        """Stages a written shard: `record` (its size and receipts), and its fragments
-        [((split, array, index), (start, values))]."""
+        """Stages a written shard: `record` (its size, receipts, and `objects`: the chunk
+        objects it wrote with their Sums, [[key under the split, size, crc32c]]), and its
+        fragments [((split, array, index), (start, values))]."""
         header = {**record, "fragments": [[key[1], key[2], int(start)] for key, (start, _) in fragments]}
         arrays = {f"f{i}": np.asarray(values) for i, (_, (_, values)) in enumerate(fragments)}
         chunks = sum(n for _, n in record["receipts"])
         name = f"{SHARDS}/{self.job_key}/{split}.{shard:08d}.{chunks}.rec"
-        self.put(name, _RECORD_CODEC.encode(_npz(header, arrays)))
+        self.put(name, seal(_RECORD_CODEC.encode(_npz(header, arrays))))
 
-    def put_chunk(self, split: str, array: str, index: int) -> None:
-        self.put(f"{CHUNKS}/{self.job_key}/{split}.{array}.{index}", b"")
+    def put_chunk(self, split: str, array: str, index: int, objects: list) -> None:
+        """Marks a shared chunk written: `objects`, [(key under the split, Sum)], what landed."""
+        value = {"objects": [[key, *Sum(*summed).to_json()] for key, summed in objects]}
+        self.put(f"{CHUNKS}/{self.job_key}/{split}.{array}.{index}", seal(json.dumps(value).encode()))
 
     def put_json(self, name: str, value: dict) -> None:
         self.put(name, json.dumps(value, sort_keys=True).encode())
@@ -228,35 +251,95 @@ class StagingArea:
 
     # -- reading ---------------------------------------------------------------------------
 
+    def _sealed(self, *parts: str) -> memoryview:
+        """The checked payload of a sealed object; Damaged (naming it) when it is not whole."""
+        path = self.path(*parts)
+        return unseal(self.fs.cat_file(path), f"staged file {path}")
+
     def read_unit(self, unit: str, name: str) -> dict:
-        with self.fs.open(self.path(UNITS, unit, name), "rb") as f:
-            account = json.load(f)
-        if account.get("format") != FORMAT or account.get("unit") != unit:
-            raise RuntimeError(f"staged unit {self.path(UNITS, unit, name)}: not this version's account of this unit")
+        """A unit's account, checked: Damaged when it is not the one written."""
+        path = self.path(UNITS, unit, name)
+        try:
+            account = json.loads(bytes(self._sealed(UNITS, unit, name)))
+        except ValueError as e:  # Damaged, or a sealed payload that is not JSON
+            raise e if isinstance(e, Damaged) else Damaged(f"staged file {path}: damaged: {e}") from None
+        if not isinstance(account, dict) or account.get("format") != FORMAT or account.get("unit") != unit:
+            raise Damaged(f"staged file {path}: not this version's account of this unit")
         return account
 
-    def read_batch(self, unit: str, place: int) -> TokenizedBatch:
-        """A staged batch, as it was tokenized; locally its ids are mapped from their file."""
+    def _batch_header(self, unit: str, place: int) -> tuple[dict, dict]:
         base = self.path(UNITS, unit, place_name(place))
-        header, arrays = _unnpz(self.fs.cat_file(base + BATCH))
+        payload = self._sealed(UNITS, unit, place_name(place) + BATCH)
+        try:
+            header, arrays = _unnpz(payload)
+            Sum.from_json(header["ids_sum"])
+            return header, arrays
+        except (ValueError, KeyError, TypeError, OSError) as e:  # sealed, but not what put_batch seals
+            raise Damaged(f"staged file {base}{BATCH}: damaged: {type(e).__name__}: {e}") from None
+
+    def check_batch(self, unit: str, place: int, entries: dict | None = None) -> None:
+        """Checks a staged batch without keeping it: its `.batch` (sealed), and its ids against
+        the Sum sealed there (from the listing `entries` where it gives their CRC-32C, else by
+        reading them). Damaged, naming the file, when either is not what was written."""
+        header, _ = self._batch_header(unit, place)
+        path = self.path(UNITS, unit, place_name(place) + IDS)
+        rel = f"{UNITS}/{unit}/{place_name(place)}{IDS}"
+        why = stored_problem(self.fs, path, Sum.from_json(header["ids_sum"]), (entries or {}).get(rel))
+        if why:
+            raise Damaged(f"staged file {path}: damaged: {why}")
+
+    def read_batch(self, unit: str, place: int) -> TokenizedBatch:
+        """A staged batch, as it was tokenized, checked against the sums sealed with it; locally
+        its ids are mapped from their file. Damaged, naming the file, when it is not whole."""
+        base = self.path(UNITS, unit, place_name(place))
+        header, arrays = self._batch_header(unit, place)
         dtype, n = np.dtype(header["ids_dtype"]), header["ids"]
+        want = Sum.from_json(header["ids_sum"])
         if header["local"]:
-            ids = mapped_ids(base + IDS, dtype, n)
+            try:
+                ids = mapped_ids(base + IDS, dtype, n)
+            except RuntimeError as e:  # a file of another size than its documents need
+                raise Damaged(f"staged file {base}{IDS}: damaged: {e}") from None
+            stored = ids
             ids_file = base + IDS
         else:
-            ids = np.frombuffer(_IDS_CODEC.decode(self.fs.cat_file(base + IDS)), dtype=dtype)
+            stored = self.fs.cat_file(base + IDS)
             ids_file = None
+        got = Sum.of(stored)
+        if got != want:
+            raise Damaged(f"staged file {base}{IDS}: damaged: {got.size} bytes of CRC-32C {got.crc32c:08x}, "
+                          f"{want.size} bytes of CRC-32C {want.crc32c:08x} were written")
+        if not header["local"]:
+            ids = np.frombuffer(_IDS_CODEC.decode(stored), dtype=dtype)
         if ids.size != n:
-            raise RuntimeError(f"staged batch {base}{IDS}: holds {ids.size} ids, its documents need {n}")
+            raise Damaged(f"staged file {base}{IDS}: holds {ids.size} ids, its documents need {n}")
         return TokenizedBatch(header["file_key"], header["split"], arrays["offsets"], arrays["lengths"], ids,
                               header["empty"], arrays.get("digests"), arrays.get("signatures"), ids_file=ids_file)
 
     def read_shard(self, job_key: str, name: str) -> tuple[dict, list]:
-        """A shard record: (header, fragments as [((split, array, index), (start, values))])."""
-        header, arrays = _unnpz(_RECORD_CODEC.decode(self.fs.cat_file(self.path(SHARDS, job_key, name))))
+        """A shard record, checked: (header, fragments as [((split, array, index), (start,
+        values))]). Damaged, naming the file, when it is not the one written."""
+        try:
+            header, arrays = _unnpz(_RECORD_CODEC.decode(self._sealed(SHARDS, job_key, name)))
+        except Damaged:
+            raise
+        except (ValueError, KeyError, RuntimeError) as e:  # sealed, but not what put_shard wrote
+            raise Damaged(f"staged file {self.path(SHARDS, job_key, name)}: damaged: {type(e).__name__}: {e}") from None
         fragments = [((header["split"], array, index), (start, arrays[f"f{i}"]))
                      for i, (array, index, start) in enumerate(header["fragments"])]
         return header, fragments
+
+    def read_chunk_mark(self, job_key: str, split: str, array: str, index: int) -> list[tuple[str, Sum]]:
+        """The chunk objects a shared chunk's mark vouches for: [(key under the split, Sum)].
+        Damaged when the mark is not the one written."""
+        path = self.path(CHUNKS, job_key, f"{split}.{array}.{index}")
+        try:
+            value = json.loads(bytes(self._sealed(CHUNKS, job_key, f"{split}.{array}.{index}")))
+            return [(key, Sum(int(size), int(crc))) for key, size, crc in value["objects"]]
+        except Damaged:
+            raise
+        except (ValueError, KeyError, TypeError) as e:
+            raise Damaged(f"staged file {path}: damaged: {type(e).__name__}: {e}") from None
 
     def read_json(self, name: str) -> dict | None:
         try:
@@ -267,8 +350,9 @@ class StagingArea:
 
     def listing(self) -> Staged:
         """What the area holds, from one listing of its names."""
-        names = self._names()
-        staged = Staged(units=whole_units(names))
+        entries = self._entries()
+        names = list(entries)
+        staged = Staged(units=whole_units(names), entries={k: v for k, v in entries.items() if v})
         for rel in names:
             parts = rel.split("/")
             if len(parts) == 3 and parts[0] == SHARDS:
@@ -283,22 +367,25 @@ class StagingArea:
             staged.arrays_key = self.arrays_key()
         return staged
 
-    def _names(self) -> list[str]:
-        """Every object's name under the area, relative to it (temporary files left out)."""
+    def _entries(self) -> dict:
+        """Every object's name under the area, relative to it (temporary files left out), with
+        its listing entry on an object store (GCS lists each object's size and CRC-32C: the
+        checks before reuse then read nothing), None locally."""
         if self.local:
-            out = []
+            out = {}
             for root, _, files in os.walk(self.url):
                 rel = os.path.relpath(root, self.url)
-                out += [name if rel == "." else f"{rel}/{name}" for name in files if not name.endswith(TEMPORARY)]
+                out.update((name if rel == "." else f"{rel}/{name}", None)
+                           for name in files if not name.endswith(TEMPORARY))
             return out
         fs = self.fs
         fs.invalidate_cache(self.url)
         try:
-            found = fs.find(self.url, withdirs=False)
+            found = fs.find(self.url, withdirs=False, detail=True)
         except FileNotFoundError:
-            return []
+            return {}
         root = url_to_fs(self.url, **self.storage_options)[1].rstrip("/") + "/"
-        return [p[len(root):] for p in found if p.startswith(root) and not p.endswith(TEMPORARY)]
+        return {p[len(root):]: info for p, info in found.items() if p.startswith(root) and not p.endswith(TEMPORARY)}
 
     # -- removing --------------------------------------------------------------------------
 

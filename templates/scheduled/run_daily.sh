@@ -13,8 +13,10 @@
 # Exit status and the last line of stdout (Airflow's BashOperator pushes that line to XCom):
 #   0  built now: the last line is the --summary_json document (stats, wall_seconds,
 #      tokens_per_second, run_id, tokenizer) on one line
-#   0  already built (OUTPUT exists and `python -m pipeline.verify` accepts it): the last line is
-#      {"output": ..., "already_built": true}; nothing was run
+#   0  already built, nothing rewritten: by this very command over the same input (pipeline.run
+#      itself says so and exits 0: the last line is its summary, with "already_built": true), or
+#      by other options (OUTPUT exists and `python -m pipeline.verify` accepts it): the last
+#      line is {"output": ..., "already_built": true}
 #   1  the pipeline failed: OUTPUT is left uncommitted (verify rejects it), with the work it
 #      finished kept under it. Rerunning this script with the same options resumes it; after a
 #      fix that changes the input or the options, rerun pipeline.run with --overwrite by hand.

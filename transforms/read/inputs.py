@@ -15,25 +15,41 @@ import posixpath
 import re
 import stat
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 import fsspec
-import zstandard
 from fsspec.core import url_to_fs
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.utils import glob_translate
 
 from transforms.gcs import close_gcs_sessions, close_gcs_sessions_at_exit, use_gcs_emulator_plainly  # noqa: F401
 
+try:
+    import zstandard
+    ZSTD_ERRORS = (zstandard.ZstdError,)
+except ImportError:  # the reader-only install (reader/setup.py) reads no input, only datasets
+    zstandard, ZSTD_ERRORS = None, ()
+
 GLOB_CHARS = "*?["
 COMPRESSED_SUFFIXES = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd", ".bz2": "bz2", ".xz": "xz"}
 PARQUET_SUFFIXES = (".parquet", ".pq")
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
+# In a directory, an uncompressed *.json file is far more often one JSON document (a corpus's
+# MANIFEST.json, a HuggingFace save_to_disk folder's dataset_info.json and state.json) than
+# JSON Lines: it is read only when named or matched by a glob. Compressed ones (C4's and
+# Dolma's *.json.gz shards) are JSON Lines, and read.
+DIRECTORY_JSONL_SUFFIXES = (".jsonl", ".ndjson")
 JSONL = "jsonl"
 PARQUET = "parquet"
 # Names of the files listed after a directory input's "skipped" warning.
 SKIPPED_NAMED = 5
+# What this tool writes, recognised by name: a directory holding an entry named so is one of
+# its outputs (a dataset's claim, an unfinished output's staging area, leases), and a file
+# named like a rejected-lines report is one. Listings leave both out: an output written
+# inside its own input directory must not become input of the next run.
+OWN_PREFIX = ".flat-tokens-"
+OWN_REPORT = re.compile(r"rejected-[0-9a-f]+-[0-9a-f]{16}\.jsonl")
 
 
 class InputError(ValueError):
@@ -48,7 +64,11 @@ class InputChanged(InputError):
 @dataclass(frozen=True)
 class InputFile:
     url: str  # what workers open
-    key: str  # stable identity for the shuffle: "<input index>:<path relative to the input root>"
+    # "<input index>:<place name>": unique per listed file. The place name (place_name) is what
+    # the shuffle hashes: the file's path relative to the common root of all the job's input
+    # files (name_places), the same however the files were named. The input index (which
+    # pattern listed it: a mixture's source, a recorded source) is not hashed.
+    key: str
     size: int  # bytes on storage (compressed size for compressed files)
     compression: str | None
     split: str  # "train", "validation", or "auto" (decided per document by --validation_fraction)
@@ -62,6 +82,42 @@ class InputFile:
 def input_index(file_key: str) -> int:
     """The index of the input (pattern) that listed a file, from its key."""
     return int(file_key.split(":", 1)[0])
+
+
+def place_name(file_key: str) -> str:
+    """The part of a file's key that a document's place is hashed with (its order, split and
+    sample hashes): the file's path relative to the common root of the job's input files."""
+    return file_key.split(":", 1)[1]
+
+
+def _path_parts(url: str) -> tuple[str, list[str]]:
+    """(scheme, path components) of a listed file: local paths made absolute."""
+    if "://" in url and not url.startswith("file://"):
+        scheme, path = url.split("://", 1)
+        return scheme, [p for p in path.split("/") if p]
+    path = os.path.abspath(url.removeprefix("file://"))
+    return "file", [p for p in path.split("/") if p]
+
+
+def name_places(files: list[InputFile]) -> list[InputFile]:
+    """The files, each keyed by its input index and its path relative to the deepest directory
+    that holds every one of them (gs://b/corpus/web/a.jsonl -> "web/a.jsonl" beside
+    gs://b/corpus/code/). So the same set of files gives the same keys however it was named
+    (a quoted glob, the shell's expansion of it, a directory, a list in any order), and moved
+    together to another directory or bucket, keeps them. Files on different filesystems have
+    no common root: each is named by its whole URL (a local path absolute)."""
+    if not files:
+        return files
+    parts = [_path_parts(f.url) for f in files]
+    if len({scheme for scheme, _ in parts}) > 1:
+        names = [f"{scheme}://{'/'.join(p)}" if scheme != "file" else "/" + "/".join(p) for scheme, p in parts]
+    else:
+        directories = [p[:-1] for _, p in parts]
+        depth = 0
+        while all(len(d) > depth and d[depth] == directories[0][depth] for d in directories):
+            depth += 1
+        names = ["/".join(p[depth:]) for _, p in parts]
+    return [replace(f, key=f"{input_index(f.key)}:{name}") for f, name in zip(files, names)]
 
 
 @dataclass(frozen=True)
@@ -97,13 +153,18 @@ def compression_of(path: str) -> str | None:
 
 
 def is_data_name(path: str) -> bool:
-    """Whether a file's name says JSONL or Parquet (compressed or not): what a directory
-    input reads. A README, a YAML file or a _SUCCESS marker beside the data is not read."""
+    """Whether a file's name says JSON Lines or Parquet: what a directory input reads
+    (*.jsonl, *.ndjson, compressed or not; *.json compressed only; *.parquet, *.pq). A
+    README, a YAML file, a _SUCCESS marker or a MANIFEST.json beside the data is not read."""
     name = path.lower()
     compression = compression_of(name)
     if compression:
-        name = name[:name.rfind(".")]
-    return name.endswith(JSONL_SUFFIXES + PARQUET_SUFFIXES)
+        return name[:name.rfind(".")].endswith(JSONL_SUFFIXES + PARQUET_SUFFIXES)
+    return name.endswith(DIRECTORY_JSONL_SUFFIXES + PARQUET_SUFFIXES)
+
+
+# What a directory input reads, in words (the skipped-files warning, the README).
+DATA_NAMES = "*.jsonl, *.ndjson, *.parquet, *.pq; *.jsonl, *.ndjson and *.json compressed (.gz/.zst/.bz2/.xz)"
 
 
 def format_of(path: str, option: str = "--input") -> str:
@@ -123,6 +184,7 @@ class Listing:
 
     files: list[InputFile] = field(default_factory=list)
     skipped: list[tuple[str, list[str]]] = field(default_factory=list)  # (option and pattern, paths)
+    own: list[tuple[str, list[str]]] = field(default_factory=list)  # this tool's outputs and reports, left out
 
     def skipped_message(self) -> str | None:
         """One line per directory input that held files which are not data, or None."""
@@ -133,8 +195,22 @@ class Listing:
             names = ", ".join(paths[:SKIPPED_NAMED]) + (f" and {len(paths) - SKIPPED_NAMED} more"
                                                         if len(paths) > SKIPPED_NAMED else "")
             lines.append(f"flat-tokens: {where}: skipped {len(paths)} file(s) not named as JSONL or Parquet "
-                         f"data (*.jsonl, *.json, *.ndjson, *.parquet, *.pq, optionally .gz/.zst/.bz2/.xz): {names}")
+                         f"data ({DATA_NAMES}; name or glob a file to read it anyway): {names}")
         return "\n".join(lines)
+
+    def own_message(self) -> str | None:
+        """One line per pattern that reached this tool's own outputs or reports, or None."""
+        if not self.own:
+            return None
+        return "\n".join(f"flat-tokens: {where}: left out this tool's own output (datasets, staging areas, "
+                         f"rejected-lines reports): {', '.join(paths[:SKIPPED_NAMED])}"
+                         + (f" and {len(paths) - SKIPPED_NAMED} more" if len(paths) > SKIPPED_NAMED else "")
+                         for where, paths in self.own)
+
+
+def is_own_report(path: str) -> bool:
+    """Whether a file is named as this tool names a rejected-lines report."""
+    return OWN_REPORT.fullmatch(posixpath.basename(path)) is not None
 
 
 class _Entry(NamedTuple):
@@ -168,20 +244,25 @@ def list_inputs(patterns: list[str], split: str, first_index: int = 0,
             raise InputError(f"{where}: cannot open this kind of path ({e})") from None
         try:
             if isinstance(fs, LocalFileSystem):
-                root, entries, skipped = _list_local(path, where)
+                root, entries, skipped, own = _list_local(path, where)
             else:
-                root, entries, skipped = _list_objects(fs, path, where)
+                root, entries, skipped, own = _list_objects(fs, path, where)
         except PermissionError as e:
             raise InputError(f"{where}: permission denied ({e})") from None
         if "://" in pattern:
-            skipped = [fs.unstrip_protocol(p) for p in skipped]
+            skipped, own = [fs.unstrip_protocol(p) for p in skipped], [fs.unstrip_protocol(p) for p in own]
         if skipped:
             listing.skipped.append((where, skipped))
+        if own:
+            listing.own.append((where, own))
         if not entries:
             if skipped:
-                raise InputError(f"{where}: the directory holds no file named as JSONL or Parquet data, only: "
-                                 f"{', '.join(skipped[:SKIPPED_NAMED])}{' ...' if len(skipped) > SKIPPED_NAMED else ''}"
-                                 f"; name the files to read (a path or a glob)")
+                arrow = any(p.endswith(".arrow") for p in skipped)  # a HuggingFace save_to_disk folder
+                raise InputError(f"{where}: the directory holds no file named as JSONL or Parquet data ({DATA_NAMES}), "
+                                 f"only: {', '.join(skipped[:SKIPPED_NAMED])}"
+                                 f"{' ...' if len(skipped) > SKIPPED_NAMED else ''}; name the files to read (a path or "
+                                 f"a glob)" + ("; Arrow files are not read: write the dataset out with datasets' "
+                                               "to_json or to_parquet" if arrow else ""))
             raise InputError(f"{where}: the pattern matches no file; check the path and the glob")
         for entry in entries:
             rel = posixpath.relpath(entry.path, root) if root else entry.path
@@ -197,9 +278,22 @@ def list_inputs(patterns: list[str], split: str, first_index: int = 0,
     return listing
 
 
-def _list_objects(fs, path: str, where: str) -> tuple[str, list[_Entry], list[str]]:
-    """(root, files, skipped) on an object store (or any fsspec filesystem but the local
-    one), from the listing's own details: no request per file."""
+def _own_outputs(names: list[str], root: str) -> list[str]:
+    """The directories below `root` that are this tool's outputs: those holding an entry
+    named with OWN_PREFIX (a trailing "/" each)."""
+    found = set()
+    for name in names:
+        parts = (posixpath.relpath(name, root) if root else name).split("/")
+        depth = next((d for d, part in enumerate(parts) if part.startswith(OWN_PREFIX)), None)
+        if depth:  # not 0: an input that is itself such an output is not left out of itself
+            found.add(posixpath.join(root, *parts[:depth]) + "/")
+    return sorted(found)
+
+
+def _list_objects(fs, path: str, where: str) -> tuple[str, list[_Entry], list[str], list[str]]:
+    """(root, files, skipped, own) on an object store (or any fsspec filesystem but the local
+    one), from the listing's own details: no request per file. `own`: this tool's outputs
+    and rejected-lines reports, left out."""
     if any(c in path for c in GLOB_CHARS):
         root, found, directory = glob_root(path), fs.glob(path, detail=True), False
     elif fs.isdir(path):
@@ -209,8 +303,16 @@ def _list_objects(fs, path: str, where: str) -> tuple[str, list[_Entry], list[st
     else:
         raise InputError(f"{where}: no such file; check the path")
     entries, skipped = [], []
+    named = not directory and not any(c in path for c in GLOB_CHARS)
+    outputs = [] if named else _own_outputs(list(found), root)
+    own = list(outputs)
     for name, info in sorted(found.items()):
         if info.get("type") == "directory" or name.endswith("/"):
+            continue
+        if any(name.startswith(o) for o in outputs):
+            continue
+        if not named and (is_own_report(name) or posixpath.basename(name).startswith(OWN_PREFIX)):
+            own.append(name)
             continue
         if directory and not is_data_name(name):
             skipped.append(name)
@@ -219,16 +321,16 @@ def _list_objects(fs, path: str, where: str) -> tuple[str, list[_Entry], list[st
             raise InputError(f"{where}: {name} is not a regular file ({info.get('type')}); refusing to read it")
         generation = info.get("generation")
         entries.append(_Entry(name, int(info.get("size") or 0), f"generation {generation}" if generation else None))
-    return root, entries, skipped
+    return root, entries, skipped, own
 
 
-def _list_local(path: str, where: str) -> tuple[str, list[_Entry], list[str]]:
-    """(root, files, skipped) on the local filesystem, walked here rather than by fsspec:
+def _list_local(path: str, where: str) -> tuple[str, list[_Entry], list[str], list[str]]:
+    """(root, files, skipped, own) on the local filesystem, walked here rather than by fsspec:
     fsspec's walk leaves out a subdirectory it cannot list, without a word."""
     if any(c in path for c in GLOB_CHARS):
         root = glob_root(path)
-        entries, _ = _walk_local(root, where, pattern=path)
-        return root, entries, []
+        entries, _, own = _walk_local(root, where, pattern=path)
+        return root, entries, [], own
     try:
         st = os.stat(path)
     except OSError as e:
@@ -237,22 +339,23 @@ def _list_local(path: str, where: str) -> tuple[str, list[_Entry], list[str]]:
         raise InputError(f"{where}: {_unreadable(path, e)}") from None
     if stat.S_ISDIR(st.st_mode):
         root = path.rstrip("/")
-        entries, skipped = _walk_local(root, where)
-        return root, entries, skipped
-    return posixpath.dirname(path), [_local_entry(path, where)], []
+        return root, *_walk_local(root, where)
+    return posixpath.dirname(path), [_local_entry(path, where)], [], []
 
 
-def _walk_local(top: str, where: str, pattern: str | None = None) -> tuple[list[_Entry], list[str]]:
+def _walk_local(top: str, where: str, pattern: str | None = None) -> tuple[list[_Entry], list[str], list[str]]:
     """The files under directory `top`, following links to directories, in path order: with
     a pattern (a glob, fsspec's syntax), those it matches, entering only the directories it
     can reach; without one (a directory input), the data files, and the paths of the others
     (not opened). A directory that cannot be listed, or a link back to a directory being
-    walked, is an InputError: what it holds would be left out, or read twice."""
+    walked, is an InputError: what it holds would be left out, or read twice. This tool's
+    own outputs below `top` (directories holding a `.flat-tokens-*` entry) and reports are
+    left out, and returned third."""
     full = re.compile(glob_translate(pattern)) if pattern else None
     parts = pattern[len(top):].strip("/").split("/") if pattern else []
     deep = parts.index("**") if "**" in parts else len(parts)  # directories below this depth: all entered
     prefixes = [re.compile(glob_translate(posixpath.join(top, *parts[:d]))) for d in range(1, len(parts))]
-    entries, skipped = [], []
+    entries, skipped, own = [], [], []
 
     def worth_entering(path: str, depth: int) -> bool:
         if full is None or depth > deep:
@@ -270,8 +373,14 @@ def _walk_local(top: str, where: str, pattern: str | None = None) -> tuple[list[
         except OSError as e:
             raise InputError(f"{where}: cannot list the directory {directory} ({e.strerror}): the files in it "
                              f"would be left out; make it readable, or name the files to read") from None
+        if depth and any(child.name.startswith(OWN_PREFIX) for child in children):
+            own.append(directory + "/")  # one of this tool's outputs: none of it is input
+            return
         for child in children:
             path = posixpath.join(directory, child.name)
+            if child.name.startswith(OWN_PREFIX) or is_own_report(path) and not _is_dir(child):
+                own.append(path)
+                continue
             if _is_dir(child):
                 if not worth_entering(path, depth + 1):
                     continue
@@ -292,11 +401,11 @@ def _walk_local(top: str, where: str, pattern: str | None = None) -> tuple[list[
     try:
         st = os.stat(top)
     except FileNotFoundError:
-        return [], []
+        return [], [], []
     except OSError as e:
         raise InputError(f"{where}: {_unreadable(top, e)}") from None
     walk(top, 0, {(st.st_dev, st.st_ino): top})
-    return entries, skipped
+    return entries, skipped, own
 
 
 def _is_dir(entry: os.DirEntry) -> bool:
@@ -530,7 +639,7 @@ class CorruptCompressedData(ValueError):
 
 # A new decompressor of each format, and the errors it raises on data it cannot decompress.
 DECOMPRESSORS = {
-    "zstd": (lambda: zstandard.ZstdDecompressor().decompressobj(), (zstandard.ZstdError,)),
+    "zstd": (lambda: zstandard.ZstdDecompressor().decompressobj(), ZSTD_ERRORS),
     "bz2": (bz2.BZ2Decompressor, (OSError, ValueError)),
     "xz": (lzma.LZMADecompressor, (lzma.LZMAError,)),
 }
@@ -583,7 +692,7 @@ class CheckedStreamReader:
 
 
 # Errors of a compressed input that is truncated or corrupt.
-COMPRESSED_DATA_ERRORS = (EOFError, zlib.error, gzip.BadGzipFile, zstandard.ZstdError, CorruptCompressedData)
+COMPRESSED_DATA_ERRORS = (EOFError, zlib.error, gzip.BadGzipFile, *ZSTD_ERRORS, CorruptCompressedData)
 
 
 def corrupt_input_message(f: InputFile, reached: int, lines: int, error: Exception) -> str:

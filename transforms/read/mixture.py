@@ -233,8 +233,13 @@ TRAIN_SEQUENCES = "train_sequences"  # copies written to train
 TRAIN_TOKENS = "train_tokens"
 VALIDATION_SEQUENCES = "validation_sequences"
 VALIDATION_TOKENS = "validation_tokens"
+# --min_tokens, --max_tokens (transforms/tokenize/lengths.py): documents dropped as too short,
+# and the pieces of split documents beyond one each (train documents and validation sequences
+# count every piece).
+TOO_SHORT = "too_short"
+EXTRA_SEQUENCES = "extra_sequences"
 SOURCE_COUNTS = (DOCUMENTS, EMPTY, DUPLICATES, TRAIN_DOCUMENTS, TOKENS_AVAILABLE, TRAIN_SEQUENCES, TRAIN_TOKENS,
-                 VALIDATION_SEQUENCES, VALIDATION_TOKENS)
+                 VALIDATION_SEQUENCES, VALIDATION_TOKENS, TOO_SHORT, EXTRA_SEQUENCES)
 
 
 def source_key(index: int, what: str) -> str:
@@ -255,11 +260,13 @@ def check_source_accounts(mixture: Mixture, counts: dict) -> None:
     for i, (source, sampling) in enumerate(zip(mixture.sources, plan)):
         c = source_counts(counts, i)
         near = counts.get(source_key(i, NEAR_DUPLICATES), 0)
-        used = c[EMPTY] + c[DUPLICATES] + near + c[TRAIN_DOCUMENTS] + c[VALIDATION_SEQUENCES]
+        used = (c[EMPTY] + c[DUPLICATES] + near + c[TOO_SHORT] + c[TRAIN_DOCUMENTS] + c[VALIDATION_SEQUENCES]
+                - c[EXTRA_SEQUENCES])
         if used != c[DOCUMENTS]:
             raise RuntimeError(f"source {source.name!r}: {c[DOCUMENTS]} documents read, but {c[EMPTY]} empty + "
-                               f"{c[DUPLICATES]} duplicates + {near} near-duplicates + {c[TRAIN_DOCUMENTS]} train + "
-                               f"{c[VALIDATION_SEQUENCES]} validation = {used}")
+                               f"{c[DUPLICATES]} duplicates + {near} near-duplicates + {c[TOO_SHORT]} too short + "
+                               f"{c[TRAIN_DOCUMENTS]} train + {c[VALIDATION_SEQUENCES]} validation - "
+                               f"{c[EXTRA_SEQUENCES]} extra pieces = {used}")
         low, high = sampling.whole * c[TRAIN_DOCUMENTS], math.ceil(sampling.multiplier) * c[TRAIN_DOCUMENTS]
         if not low <= c[TRAIN_SEQUENCES] <= high:
             raise RuntimeError(f"source {source.name!r}: {c[TRAIN_SEQUENCES]} train copies of "

@@ -13,7 +13,7 @@ import numpy as np
 
 from transforms import hashing
 from transforms.read import mixture
-from transforms.read.inputs import input_index
+from transforms.read.inputs import input_index, place_name
 from transforms.records import SPLITS, DistinctBatch, EncodedTokens, ShardPart, ShardSize, SortedShard, TokenizedBatch
 from transforms.segments import SLICE_WHEN_AVERAGE_LENGTH, gather_segments, groups_of, take_documents
 from transforms.shuffle import spill
@@ -49,9 +49,10 @@ def document_keys(batch: TokenizedBatch | DistinctBatch, seed: int, validation_f
             ties=(batch.digests[:, 0], batch.digests[:, 1]),
             sources=batch.sources,
             sample=lambda: hashing.content_hashes(hashing.content_salt(seed, hashing.SAMPLE), batch.digests))
-    order_salt = hashing.file_salt(seed, hashing.ORDER, batch.file_key)
+    place = place_name(batch.file_key)
+    order_salt = hashing.file_salt(seed, hashing.ORDER, place)
     if batch.split == "auto":
-        split_hashes = hashing.place_hashes(hashing.file_salt(seed, hashing.SPLIT, batch.file_key), batch.offsets)
+        split_hashes = hashing.place_hashes(hashing.file_salt(seed, hashing.SPLIT, place), batch.offsets)
         split_index = hashing.below_fraction(split_hashes, validation_fraction).astype(np.int64)
     else:
         split_index = np.full(batch.offsets.shape, SPLITS.index(batch.split), dtype=np.int64)
@@ -61,7 +62,7 @@ def document_keys(batch: TokenizedBatch | DistinctBatch, seed: int, validation_f
         order=hashing.place_hashes(order_salt, batch.offsets),
         ties=(np.full(batch.offsets.shape, order_salt, dtype=np.uint64), batch.offsets),
         sources=np.full(batch.offsets.shape, source, dtype=np.int64),
-        sample=lambda: hashing.place_hashes(hashing.file_salt(seed, hashing.SAMPLE, batch.file_key), batch.offsets))
+        sample=lambda: hashing.place_hashes(hashing.file_salt(seed, hashing.SAMPLE, place), batch.offsets))
 
 
 def copies_of(doc: DocumentKeys, sampling) -> np.ndarray:

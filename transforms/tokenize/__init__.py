@@ -11,5 +11,6 @@ from transforms import stage_exports
 __getattr__, __all__ = stage_exports(__name__, {
     "TokenizeBatches": "tokenizer",  # tokenize it
     "DropDuplicates": "dedup",  # [drop duplicate texts]
+    "LimitLengths": "lengths",  # [limit document lengths]
     "resolve_tokenizer": "tokenizer",
 })

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from transforms import hashing
+from transforms.read.inputs import place_name
 
 HF = "hf"
 FASTOKENS = "fastokens"
@@ -241,5 +242,5 @@ def choose_backend(requested: str, json_text: str, first_documents: list[str],
 def guard_sample(file_key: str, offsets: np.ndarray, fraction: float) -> np.ndarray:
     """The documents re-encoded with the reference while the job runs: a hash of each
     document's place below `fraction` of the hash range (deterministic, seed-independent)."""
-    salt = hashing.file_salt(0, "tokenizer-guard", file_key)
+    salt = hashing.file_salt(0, "tokenizer-guard", place_name(file_key))
     return hashing.below_fraction(hashing.place_hashes(salt, offsets), fraction)

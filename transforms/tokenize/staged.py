@@ -8,11 +8,15 @@ A batch whose comparison failed is never staged whole, so a rerun cannot reuse i
 ReplayStagedUnits emits, for each unit an earlier attempt of the job staged whole, what
 reading and tokenizing it gave: its TokenizedBatches, and the reader's rejected lines, line
 count and counts. Downstream nothing can tell the two apart: they are the same values.
+Every staged file is checked against the checksum written with it as it is replayed (the
+launcher checked them all before it chose to reuse the unit: pipeline/resume.py); one damaged
+since then fails the run, naming the file, and the rerun redoes that unit.
 """
 from collections import Counter, deque
 
 import apache_beam as beam
 
+from transforms.checksums import Damaged
 from transforms.progress import ProgressFile
 from transforms.read.jsonl_documents import COUNTS, LINE_COUNTS, REJECTED
 from transforms.records import TokenizedBatch
@@ -80,7 +84,8 @@ class TokenizeAndStage(TokenizeBatches):
                     if not (wait or pending.done()):
                         return
                     pending.result()
-            self._area.put_batch(unit, place, documents)
+            # The ids' Sum (what landed) is sealed into the `.batch`: a rerun checks both.
+            self._area.put_batch(unit, place, documents, written.result())
             self._unchecked.popleft()
 
 
@@ -98,13 +103,15 @@ class ReplayUnitFn(beam.DoFn):
 
     def process(self, staged):
         unit, name, text_bytes = staged
-        account = self._area.read_unit(unit, name)
+        try:
+            account = self._area.read_unit(unit, name)
+        except (FileNotFoundError, Damaged) as e:
+            raise _changed(self._area, unit, e) from None
         for place in account["places"]:
             try:
                 batch = self._area.read_batch(unit, place)
-            except FileNotFoundError as e:
-                raise RuntimeError(f"staged unit {self._area.path('units', unit)}: {e.filename or e} is gone: the "
-                                   f"staging area changed after the run was launched; rerun to read it again") from None
+            except (FileNotFoundError, Damaged) as e:
+                raise _changed(self._area, unit, e) from None
             self._progress.add(tokens=int(batch.ids.size))
             yield batch
         for record in account["rejected"]:
@@ -119,6 +126,13 @@ class ReplayUnitFn(beam.DoFn):
     def teardown(self):
         if self._progress:
             self._progress.flush()
+
+
+def _changed(area, unit: str, e: Exception) -> RuntimeError:
+    """The error of a staged unit gone or damaged since the launcher checked it."""
+    what = f"{e.filename or e} is gone" if isinstance(e, FileNotFoundError) else str(e)
+    return RuntimeError(f"staged unit {area.path('units', unit)}: {what}: the staging area changed after the run "
+                        f"was launched; rerun the same command: it reads and tokenizes this unit again")
 
 
 class ReplayStagedUnits(beam.PTransform):

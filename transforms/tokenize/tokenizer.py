@@ -11,7 +11,6 @@ import logging
 import socket
 import urllib.parse
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import apache_beam as beam
@@ -23,6 +22,7 @@ from transforms.read.inputs import PARQUET, absolute, format_of
 from transforms.records import DocumentBatch, TokenizedBatch, narrowest_ids
 from transforms.tokenize import backends, minhash
 from transforms.tokenize.dedup import content_digests, digests_of
+from transforms.write_behind import WriteBehind
 
 BYTES = "bytes"
 MAX_TOKEN_ID = 2**31 - 1
@@ -243,7 +243,9 @@ class TokenizeBatches(beam.DoFn):
     The guard's comparisons with the reference (HF tokenizers, which releases the GIL) run
     on a thread of their own while the stage reads and tokenizes on: one at a time, the
     next waiting for the last, and every one finished before the bundle is. A mismatch
-    fails the bundle as it would have in place."""
+    fails the bundle as it would have in place. The thread is a WriteBehind's
+    (transforms/write_behind.py): teardown() stops it, and it starts again if the instance
+    is used after that."""
 
     def __init__(self, info: TokenizerInfo, storage_options: dict | None = None, progress_dir: str | None = None,
                  digests: bool = False, near: minhash.MinHashSettings | None = None):
@@ -259,10 +261,12 @@ class TokenizeBatches(beam.DoFn):
         self._encoder, self._reference = load_encoders(self._info, self._storage_options)
         self._progress = ProgressFile(self._progress_dir)
         if self._reference is not None:
-            self._checker = ThreadPoolExecutor(1, thread_name_prefix="flat-tokens-guard")
+            self._checker = WriteBehind("flat-tokens-guard")
 
     def start_bundle(self):
         self._checking = None  # a failed bundle's comparison is not this bundle's
+        if self._checker:
+            self._checker.forget()
 
     def process(self, batch: DocumentBatch):
         tokenized = tokenize_batch(batch, self._encoder, self._info, self._reference, self._digests, self._check,
@@ -272,13 +276,12 @@ class TokenizeBatches(beam.DoFn):
         yield tokenized
 
     def _check(self, compare) -> None:
-        self._wait_for_check()
-        self._checking = self._checker.submit(compare)
+        self._checking = self._checker.submit(compare)  # after the last comparison, raising its difference
 
     def _wait_for_check(self) -> None:
-        checking, self._checking = self._checking, None
-        if checking is not None:
-            checking.result()  # raises the comparison's BackendMismatch
+        self._checking = None
+        if self._checker:
+            self._checker.wait()  # raises the comparison's BackendMismatch
 
     def finish_bundle(self):
         self._wait_for_check()
@@ -286,6 +289,6 @@ class TokenizeBatches(beam.DoFn):
 
     def teardown(self):
         if self._checker:
-            self._checker.shutdown(cancel_futures=True)
+            self._checker.close()
         if self._progress:
             self._progress.flush()

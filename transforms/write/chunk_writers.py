@@ -35,7 +35,10 @@ CHUNKS_WRITTEN = "chunks_written"
 class _ArrayCache:
     """Opens each output array's writer once per worker; arrays are opened lazily because
     side inputs (which prove the arrays exist) are not available in DoFn.setup(). Writers
-    share one thread pool, which encodes and stores chunks in parallel."""
+    share one thread pool, which encodes and stores chunks in parallel. close() (teardown)
+    waits for the writes in flight and stops the pool for good: a writer opened before it
+    refuses further writes, as a bundle torn down under its feet must; get() after close()
+    opens new writers on a new pool."""
 
     def __init__(self, target: StoreTarget):
         self._target = target
@@ -92,9 +95,12 @@ class WriteOwnedChunks(beam.DoFn):
         self._arrays = _ArrayCache(self._target)
 
     def teardown(self):
-        self._settle_pending(failed_bundle=True)
+        # The pool first: it stops taking writes and waits for those in flight, so the claim
+        # is confirmed (and the lease given back) only after the last chunk has landed, even
+        # when a bundle of this instance is still running on another thread.
         if self._arrays:
             self._arrays.close()
+        self._settle_pending(failed_bundle=True)
 
     def start_bundle(self):
         self._settle_pending(failed_bundle=True)
@@ -146,6 +152,8 @@ class WriteOwnedChunks(beam.DoFn):
             # output over waits for it before it forgets the records of the chunks it deletes.
             if self._area is not None and not failed_bundle and all(f.exception() is None for f in futures):
                 fragments = record.pop("fragments")
+                # What landed, for a rerun to check before it trusts these chunks.
+                record["objects"] = [[key, *summed.to_json()] for key, summed in (f.result() for f in futures)]
                 self._area.put_shard(record["split"], record["shard"], record, fragments)
         finally:
             ownership.confirm_written(t.url, t.run_id, what, t.storage_options, lease)
@@ -213,9 +221,9 @@ class WriteSharedChunks(beam.DoFn):
         if (split, name, index) not in self._written:
             t = self._target
             with ownership.fenced(t.url, t.run_id, f"{split}/{name} chunk {index}", t.storage_options):
-                self._arrays.get(split, name).write(a, np.concatenate([v for _, v in fragments]))
-                if self._area is not None:  # in the lease, as a shard's record
-                    self._area.put_chunk(split, name, index)
+                written = self._arrays.get(split, name).write(a, np.concatenate([v for _, v in fragments]))
+                if self._area is not None:  # in the lease, as a shard's record; with what landed
+                    self._area.put_chunk(split, name, index, written)
             counter(CHUNKS_WRITTEN).inc()
         yield split, name, 1
 

@@ -5,6 +5,7 @@ from collections import Counter
 import apache_beam as beam
 
 from transforms.read import mixture as mix
+from transforms.tokenize.lengths import EXTRA_SEQUENCES, LENGTH_COUNTS, TOO_SHORT
 from transforms.write import layout as plan
 from transforms.write import zarr_store as store
 from transforms.write.zarr_store import SPLITS, StoreTarget, array_length
@@ -21,6 +22,8 @@ def dataset_stats(counts: dict, layout: dict) -> dict:
         "empty": counts.get("empty", 0),
         "duplicates": counts.get("duplicates", 0),
     }
+    # --min_tokens, --max_tokens: present when the job limits lengths (transforms/tokenize/lengths.py)
+    stats.update({key: counts[key] for key in LENGTH_COUNTS if key in counts})
     if "near_duplicates" in counts:  # --dedup near
         stats["near_duplicates"] = counts["near_duplicates"]
         stats["near_dedup"] = near_dedup_stats(counts)
@@ -49,17 +52,19 @@ def near_dedup_stats(counts: dict) -> dict:
 def check_accounts(stats: dict, chunks_written: dict, target: StoreTarget, counts: dict | None = None,
                    mixture: mix.Mixture | None = None) -> None:
     """Raises when a document or a chunk is missing or doubled: the output stays uncommitted.
-    Every document read is written, empty, or a removed duplicate; with a mixture, every
-    distinct train document is written as many times as its copies were counted."""
+    Every document read is written (as one sequence, or as pieces: its extra sequences),
+    empty, too short or a removed duplicate; with a mixture, every distinct train document
+    is written as many times as its copies were counted."""
     if stats["lines"] != stats["documents"] + stats["blank"] + stats["rejected"]:
         raise RuntimeError(f"line accounting failed: {stats['lines']} lines read, but {stats['documents']} "
                            f"documents + {stats['blank']} blank + {stats['rejected']} rejected")
     if mixture is None:
-        written = (stats["empty"] + stats["duplicates"] + stats.get("near_duplicates", 0)
-                   + sum(stats[s]["sequences"] for s in SPLITS))
+        written = (stats["empty"] + stats["duplicates"] + stats.get("near_duplicates", 0) + stats.get(TOO_SHORT, 0)
+                   + sum(stats[s]["sequences"] for s in SPLITS) - stats.get(EXTRA_SEQUENCES, 0))
         if written != stats["documents"]:
             raise RuntimeError(f"document accounting failed: {stats['documents']} documents read, but "
-                               f"{written} written, empty or duplicates")
+                               f"{written} written (less their extra pieces), empty, too short, duplicates or "
+                               f"near-duplicates")
     else:
         check_mixture_accounts(stats, counts, mixture)
     for split in SPLITS:
@@ -87,8 +92,8 @@ def check_mixture_accounts(stats: dict, counts: dict, mixture: mix.Mixture) -> N
     if near != stats.get(mix.NEAR_DUPLICATES, 0):
         raise RuntimeError(f"mixture accounting failed: the sources' near-duplicates add up to {near}, "
                            f"but the input has {stats.get(mix.NEAR_DUPLICATES, 0)}")
-    for what in (mix.DOCUMENTS, mix.EMPTY, mix.DUPLICATES):
-        if per_source[what] != stats[what]:
+    for what in (mix.DOCUMENTS, mix.EMPTY, mix.DUPLICATES, mix.TOO_SHORT, mix.EXTRA_SEQUENCES):
+        if per_source[what] != stats.get(what, 0):
             raise RuntimeError(f"mixture accounting failed: the sources' {what} add up to {per_source[what]}, "
                                f"but the input has {stats[what]}")
 

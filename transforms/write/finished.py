@@ -11,6 +11,7 @@ and WriteSharedChunks does not write them again (it still checks that their frag
 """
 import apache_beam as beam
 
+from transforms.checksums import Damaged
 from transforms.records import ShardSize
 from transforms.write.chunk_writers import WriteOwnedChunks
 
@@ -24,7 +25,12 @@ class ReplayShardFn(beam.DoFn):
         self._area = area  # transforms.staging.StagingArea
 
     def process(self, name: str):
-        record, fragments = self._area.read_shard(self._area.job_key, name)
+        try:
+            record, fragments = self._area.read_shard(self._area.job_key, name)
+        except (FileNotFoundError, Damaged) as e:  # the launcher checked it: changed since
+            what = f"{e.filename or e} is gone" if isinstance(e, FileNotFoundError) else str(e)
+            raise RuntimeError(f"shard record {name}: {what}: the staging area changed after the run was "
+                               f"launched; rerun the same command: it writes this shard again") from None
         split = record["split"]
         for array, chunks in record["receipts"]:
             yield split, array, chunks

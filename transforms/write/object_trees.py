@@ -40,6 +40,18 @@ def _gcs_pages(fs, path: str, fields: str, page: int = PAGE):
             return
 
 
+def is_gcs(fs) -> bool:
+    return _is_gcs(fs)
+
+
+def gcs_entries(fs, path: str, fields: str = "name,size,crc32c", page: int = PAGE):
+    """Yields (object path as gcsfs names it, its resource with only `fields`) for every object
+    under directory `path` on GCS, one page at a time: sizes and CRC-32Cs without a read."""
+    for bucket, items in _gcs_pages(fs, path, fields, page):
+        for item in items:
+            yield f"{bucket}/{item['name']}", item
+
+
 def walk_tree(fs, path: str, page: int = PAGE):
     """Yields what is under directory `path` as pages (lists of at most about `page`) of
     (path relative to it, is a directory), a directory always before what it holds. Nothing

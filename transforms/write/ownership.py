@@ -274,9 +274,11 @@ def foreign_in_split(fs, split_path: str) -> list[str]:
     return sorted(foreign)
 
 
-def inspect_output(url: str, storage_options: dict | None = None, own_run_id: str = "") -> OutputState:
+def inspect_output(url: str, storage_options: dict | None = None, own_run_id: str = "",
+                   also_ours: tuple = ()) -> OutputState:
     """What is at the output path, and whether this tool may replace it. Entries that name
-    `own_run_id` (this run's own temporary files) are left out."""
+    `own_run_id` (this run's own temporary files) are left out. `also_ours`: top-level file
+    names this run writes there itself (its --summary_json), ours beside a dataset of ours."""
     fs, path = split_url(url, storage_options)
     fs.invalidate_cache(path)
     if not fs.exists(path):
@@ -299,7 +301,8 @@ def inspect_output(url: str, storage_options: dict | None = None, own_run_id: st
             owner = (0, legacy)
     dataset_is_ours = bool(claims) or bool(owner[1])
     foreign = [label for (n, d), label in zip(listed, names)
-               if not (n.startswith(OWN_PREFIX) or (dataset_is_ours and _dataset_entry(n, d)))]
+               if not (n.startswith(OWN_PREFIX) or (dataset_is_ours and (_dataset_entry(n, d)
+                                                                          or not d and n in also_ours)))]
     if dataset_is_ours:  # the whole tree, not one level: a user's train/NOTES.txt is not ours
         foreign += [f"{split}/{f}" for split, is_dir in listed if is_dir and split in SPLITS
                     for f in foreign_in_split(fs, f"{path}/{split}")]
@@ -335,18 +338,30 @@ def describe_owner(state: OutputState) -> str:
 
 
 def refuse_for_run(url: str, overwrite: bool, storage_options: dict | None = None,
-                   resumable: bool = False) -> OutputState:
+                   resumable: bool = False, also_ours: tuple = (), other_command: list | None = None) -> OutputState:
     """The launcher's check: the state found, or OutputError when this run may not use the path.
     `resumable`: this command made what is there, so an unfinished output is resumed, not
-    replaced, and needs no --overwrite (a committed dataset always does)."""
+    replaced, and needs no --overwrite (a committed dataset always does). `also_ours`: see
+    inspect_output. `other_command`: an unfinished output's staging area names another
+    command, which differs from this one so (its options, in words; [] when it cannot tell)."""
     refuse_root(url, storage_options)
-    state = inspect_output(url, storage_options)
+    state = inspect_output(url, storage_options, also_ours=also_ours)
     if not state.replaceable:
         raise OutputError(refusal(url, state))
     if state.kind == "dataset" and not overwrite and (state.committed or not resumable):
-        resume = "" if state.committed else "; an unfinished output is resumed by rerunning the command that made it"
+        if not state.committed and other_command is not None:
+            differs = f" ({'; '.join(other_command)})" if other_command else ""
+            raise OutputError(f"--output {url}: exists and is not empty: it holds {describe_owner(state)}, made by "
+                              f"another command{differs}; rerun that command to resume it, or pass --overwrite to "
+                              f"replace it (the work staged there that this command still matches is reused), or "
+                              f"choose another path")
+        if not state.committed:
+            raise OutputError(f"--output {url}: exists and is not empty: it holds {describe_owner(state)}, and "
+                              f"nothing there says which command made it (a run of an earlier version); pass "
+                              f"--overwrite to replace it, or choose another path")
+        built = f", built by another command ({'; '.join(other_command)})" if other_command else ""
         raise OutputError(f"--output {url}: exists and is not empty; pass --overwrite to replace it, "
-                          f"or choose another path ({describe_owner(state)} is there{resume})")
+                          f"or choose another path ({describe_owner(state)} is there{built})")
     return state
 
 
@@ -509,16 +524,24 @@ def wait_for_writers(url: str, run_id: str, storage_options: dict | None = None,
                 _remove_if_present(fs, f"{path}/{name}")
                 continue
             holder = f"run {lease.get('run_id', '?')}'s write ({lease.get('what', '?')})"
+            dead = processes.certainly_dead(lease.get("process"))
+            if dead:
+                # The routine case: a rerun after a kill finds the killed run's lease. Its process has
+                # ended, so nothing of that write can land any more: nothing to wait for, nothing wrong.
+                if _remove_if_present(fs, f"{path}/{name}"):
+                    _log().info("flat-tokens: --output %s: run %s was stopped while writing %s; its process has "
+                                "ended, so that write cannot land any more: going on (nothing is wrong)", url,
+                                lease.get("run_id", "?"), lease.get("what", "?"))
+                continue
             if name not in first_seen:
                 first_seen[name] = now
-                _log().warning("flat-tokens: --output %s: waiting for %s, in flight when this run took the output "
-                               "over, to land before replacing it", url, holder)
-            dead = processes.certainly_dead(lease.get("process"))
-            if (dead or now - first_seen[name] >= patience) and _remove_if_present(fs, f"{path}/{name}"):
-                _log().warning("flat-tokens: --output %s: %s; going on without it (should it land later, that run "
-                               "leaves a conflict record and this output will not commit)", url,
-                               f"{holder} belongs to a process that has ended" if dead
-                               else f"{holder} has not landed after {patience:.0f} s")
+                _log().warning("flat-tokens: --output %s: waiting for %s to land: that run was still writing when "
+                               "this one took the output over (at most %.0f s, less if its process is seen to end)",
+                               url, holder, patience)
+            if now - first_seen[name] >= patience and _remove_if_present(fs, f"{path}/{name}"):
+                _log().warning("flat-tokens: --output %s: %s has not landed after %.0f s; going on without it "
+                               "(should it land later, that run leaves a conflict record and this output will not "
+                               "commit)", url, holder, patience)
         time.sleep(pause)
         pause = min(1.0, pause * 2)
 

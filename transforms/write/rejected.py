@@ -124,11 +124,11 @@ class WriteReportFile(beam.DoFn):
         fs.makedirs(path, exist_ok=True)
         with fs.open(posixpath.join(path, report_name(self._run_id, file_key, range_start)), "wb") as f:
             f.write(("\n".join(rows) + "\n").encode("utf-8"))
-        yield len(rows)
+        yield records[0]["file"], len(rows)
 
 
 class WriteRejectedLines(beam.PTransform):
-    """Rejected-line records -> report files; yields each file's line count."""
+    """Rejected-line records -> report files; yields (input file, rejected lines) per report file."""
 
     def __init__(self, url: str, line_counts, created, storage_options: dict | None = None, run_id: str = ""):
         super().__init__()
@@ -148,8 +148,25 @@ class WriteRejectedLines(beam.PTransform):
         )
 
 
-def check_rejected_fraction(counts: dict, max_fraction: float, report_url: str) -> None:
-    """Raises TooManyRejectedLines when rejected / non-blank lines exceeds `max_fraction`."""
+# How many of the input files with the most rejected lines the error names.
+NAMED_FILES = 3
+
+
+def worst_files(reports: list[tuple[str, int]]) -> str:
+    """The input files with the most rejected lines, from the reports' (file, lines) pairs."""
+    by_file = defaultdict(int)
+    for file, lines in reports:
+        by_file[file] += lines
+    worst = sorted(by_file.items(), key=lambda fl: (-fl[1], fl[0]))
+    named = ", ".join(f"{file} ({lines:,})" for file, lines in worst[:NAMED_FILES])
+    more = len(worst) - NAMED_FILES
+    return named + (f" and {more:,} more file{'s' if more > 1 else ''}" if more > 0 else "")
+
+
+def check_rejected_fraction(counts: dict, max_fraction: float, report_url: str,
+                            reports: list[tuple[str, int]] = ()) -> None:
+    """Raises TooManyRejectedLines when rejected / non-blank lines exceeds `max_fraction`,
+    naming the input files with the most rejected lines (`reports`: (file, lines) pairs)."""
     rejected = counts.get("rejected", 0)
     considered = rejected + counts.get("documents", 0)
     if not rejected or rejected <= max_fraction * considered:
@@ -163,8 +180,10 @@ def check_rejected_fraction(counts: dict, max_fraction: float, report_url: str) 
                 f"{census.describe()}.")
     raise TooManyRejectedLines(
         f"{rejected} of {considered} non-blank input lines were rejected ({rejected / considered:.2%}), above "
-        f"--max_rejected_fraction {max_fraction}; top reasons: {top}; examples with file and line in "
-        f"{report_url}/. Fix the input, or raise --max_rejected_fraction to accept the loss.{hint}")
+        f"--max_rejected_fraction {max_fraction}; top reasons: {top}"
+        + (f"; most in {worst_files(reports)}" if reports else "")
+        + f"; every one with its file and line in {report_url}/. Fix the input (or leave the file out), or raise "
+        f"--max_rejected_fraction to accept the loss.{hint}")
 
 
 class CheckRejectedFraction(beam.DoFn):
@@ -175,5 +194,5 @@ class CheckRejectedFraction(beam.DoFn):
         self._report_url = report_url
 
     def process(self, counts, reports_written, created):
-        check_rejected_fraction(counts, self._max_fraction, self._report_url)
+        check_rejected_fraction(counts, self._max_fraction, self._report_url, reports_written)
         yield True

@@ -17,9 +17,11 @@ import numcodecs
 import numpy as np
 import zarr
 from fsspec.core import url_to_fs
+from zarr.storage import WrapperStore
 
+from transforms.checksums import Sum
 from transforms.gcs import close_gcs_sessions_at_exit
-from transforms.write import ownership
+from transforms.write import chunk_checksums, ownership
 from transforms.write.ownership import OutputError, OutputTaken  # noqa: F401 - part of this module's API
 
 # After `import zarr`: gcsfs sessions on zarr's event loop must close before zarr stops it.
@@ -62,10 +64,14 @@ class StoreTarget:
         """The unit one writer must own: a chunk, or a whole shard object with sharding."""
         return self.chunk(name) * (self.chunks_per_shard or 1)
 
+    def checksums(self) -> str:
+        """The checksum scheme of the chunks (transforms/write/chunk_checksums.py)."""
+        return chunk_checksums.scheme(self.zarr_format, self.codec)
+
     def describe(self) -> dict:
         return {"zarr_format": self.zarr_format, "codec": self.codec,
                 "chunks": {TOKENS: self.tokens_chunk, SEQ_STARTS: self.seq_starts_chunk},
-                "chunks_per_shard": self.chunks_per_shard}
+                "chunks_per_shard": self.chunks_per_shard, "checksums": self.checksums()}
 
 
 def _is_remote(url: str) -> bool:
@@ -99,27 +105,38 @@ def filesystem(url: str, storage_options: dict | None = None):
 ZSTD_LEVEL = 1
 
 
-def _compressors(target: StoreTarget, dtype_size: int):
+def _codecs(target: StoreTarget, dtype_size: int) -> dict:
+    """create_array's `compressors` and `filters`: the codec, and the checksum every chunk
+    carries (transforms/write/chunk_checksums.py). zarr 2 with zstd: the plain zstd codec in
+    the metadata, readable by every numcodecs; the chunks, written by ChunkWriter, carry
+    their CRC-32C in a zstd skippable frame after the zstd frame."""
     cname, clevel = {"blosc-zstd": ("zstd", 3), "blosc-lz4": ("lz4", 5)}.get(target.codec, (None, None))
     if target.codec == "zstd":
-        return (numcodecs.Zstd(level=ZSTD_LEVEL) if target.zarr_format == 2
-                else zarr.codecs.ZstdCodec(level=ZSTD_LEVEL))
+        if target.zarr_format == 2:
+            return {"compressors": numcodecs.Zstd(level=ZSTD_LEVEL)}
+        return {"compressors": [zarr.codecs.ZstdCodec(level=ZSTD_LEVEL), zarr.codecs.Crc32cCodec()]}
     if cname is None:
         raise OutputError(f"--codec {target.codec}: unknown; use blosc-zstd, blosc-lz4 or zstd")
     if target.zarr_format == 2:
-        return numcodecs.Blosc(cname=cname, clevel=clevel, shuffle=numcodecs.Blosc.BITSHUFFLE)
-    return zarr.codecs.BloscCodec(cname=cname, clevel=clevel, shuffle="bitshuffle", typesize=dtype_size)
+        # Blosc 1 frames carry no checksum: the crc32 filter after Blosc sums the stored bytes.
+        return {"compressors": None, "filters": [numcodecs.Blosc(cname=cname, clevel=clevel,
+                                                                 shuffle=numcodecs.Blosc.BITSHUFFLE),
+                                                 numcodecs.CRC32()]}
+    return {"compressors": [zarr.codecs.BloscCodec(cname=cname, clevel=clevel, shuffle="bitshuffle",
+                                                   typesize=dtype_size), zarr.codecs.Crc32cCodec()]}
 
 
 def refuse_occupied(url: str, overwrite: bool, storage_options: dict | None = None,
-                    resumable: bool = False) -> ownership.OutputState:
+                    resumable: bool = False, also_ours: tuple = (), other_command: list | None = None
+                    ) -> ownership.OutputState:
     """The launcher's check, before any data is read: what is at the output, or OutputError
     when this run may not use it (see transforms/write/ownership.py for the rule)."""
-    return ownership.refuse_for_run(url, overwrite, storage_options, resumable)
+    return ownership.refuse_for_run(url, overwrite, storage_options, resumable, also_ours, other_command)
 
 
 def prepare_output(target: StoreTarget, overwrite: bool, expected_owner: tuple = (0, "", False),
-                   keep_splits: bool = False, before_removing=None, resumable: bool = False) -> list[str]:
+                   keep_splits: bool = False, before_removing=None, resumable: bool = False,
+                   also_ours: tuple = ()) -> list[str]:
     """Claims the output for this run and removes what it replaces, or refuses.
 
     `expected_owner` is what the launcher found: (claim generation, run id, committed). If
@@ -131,10 +148,11 @@ def prepare_output(target: StoreTarget, overwrite: bool, expected_owner: tuple =
     none, or one this command made). `keep_splits`: a resumed run keeps the arrays;
     `before_removing()` runs once the claim is this run's and the old writes have landed,
     before anything is deleted (the staging area forgets the arrays' chunks there).
+    `also_ours`: top-level files this run writes there itself (ownership.inspect_output).
     Returns the run ids whose output was replaced (their rejected-line reports go too)."""
     so = target.storage_options
     ownership.refuse_root(target.url, so)
-    state = ownership.inspect_output(target.url, so, own_run_id=target.run_id)
+    state = ownership.inspect_output(target.url, so, own_run_id=target.run_id, also_ours=also_ours)
     found = (*state.owner, state.committed)
     if state.owner[1] != target.run_id:  # else: a retry of this step; the claim is this run's already
         if not state.replaceable:
@@ -147,7 +165,7 @@ def prepare_output(target: StoreTarget, overwrite: bool, expected_owner: tuple =
         generation = state.owner[0] + 1
         ownership.claim(target.url, target.run_id, generation, so)
         ownership.wait_for_writers(target.url, target.run_id, so)
-        now = ownership.inspect_output(target.url, so, own_run_id=target.run_id)
+        now = ownership.inspect_output(target.url, so, own_run_id=target.run_id, also_ours=also_ours)
         if now.committed != state.committed:  # the run found there committed while this one claimed
             ownership.release_claim(target.url, target.run_id, generation, so)
             raise _appeared(target, now, expected_owner)
@@ -210,7 +228,7 @@ def create_split(target: StoreTarget, split: str, tokens: int, sequences: int) -
             name, shape=(length,), dtype=dtype, fill_value=0,
             chunks=(chunk,),
             shards=(target.write_block(name),) if target.chunks_per_shard and target.zarr_format == 3 else None,
-            compressors=_compressors(target, size),
+            **_codecs(target, size),
             # Every chunk is written, even all-zero ones: the commit counts written chunks.
             config={"write_empty_chunks": True},
         )
@@ -242,65 +260,123 @@ def open_array(target: StoreTarget, split: str, name: str):
 
 class ChunkWriter:
     """Writes whole chunks of one zarr v2 array straight to storage: each chunk is encoded
-    with the array's own compressor and stored under the array's own key, chunks in
-    parallel on a thread pool. The bytes are those zarr would write (a test compares them),
-    without zarr's per-chunk path (selection, merge, emptiness check, event loop), which
-    measured about a third of the cost of writing. Encoding a chunk depends only on its
-    values, so a retried write stores the same bytes."""
+    with the array's own filters and compressor, sealed with its checksum
+    (transforms/write/chunk_checksums.py: with zstd, a skippable frame holding the frame's
+    CRC-32C after it), and stored under the array's own key, chunks in parallel on a
+    thread pool. Any zarr and numcodecs decodes the bytes to the values zarr's own write
+    would give (a test compares them), without zarr's per-chunk path (selection, merge,
+    emptiness check, event loop), which measured about a third of the cost of writing.
+    Encoding a chunk depends only on its values, so a retried write stores the same bytes."""
 
     def __init__(self, target: StoreTarget, split: str, name: str, pool):
         array = open_array(target, split, name)
         meta = array.metadata
-        if target.zarr_format != 2 or meta.filters or meta.order != "C" or len(meta.shape) != 1:
+        if target.zarr_format != 2 or meta.order != "C" or len(meta.shape) != 1:
             raise ValueError(f"{split}/{name}: not a plain 1-D zarr v2 array")
         self._fs, root = filesystem(child_url(target.url, split), target.storage_options)
+        self._name = name
         self._prefix = posixpath.join(root, name)
         self._meta = meta
         self._dtype = meta.dtype.to_native_dtype()
         self._chunk = meta.chunks[0]
         self._length = meta.shape[0]
+        self._filters = tuple(meta.filters or ())
         self._compressor = meta.compressor
+        self._scheme = target.checksums()
+        if self._scheme == chunk_checksums.ZSTD_FRAME and (self._filters or not isinstance(self._compressor,
+                                                                                           numcodecs.Zstd)):
+            raise ValueError(f"{split}/{name}: not a plain zstd zarr v2 array")
         self._pool = pool
 
-    def write(self, start: int, values) -> None:
+    def write(self, start: int, values) -> list[tuple[str, Sum]]:
         """Writes `values` at [start, start + len(values)): whole chunks, or the array's last
         chunk up to the array's end. `values`: an array, or anything that slices into parts
-        numpy can turn into arrays (records.EncodedTokens)."""
+        numpy can turn into arrays (records.EncodedTokens). Returns each chunk object written
+        (its key under the split, as `_write_chunk` gives it) with its Sum."""
         submitted = self.submit(start, values)
         wait(submitted)  # every chunk settled before any error is raised: none lands later
-        for written in submitted:
-            written.result()
+        return [written.result() for written in submitted]
 
     def submit(self, start: int, values) -> list[Future]:
-        """As `write`, but returns at once: each chunk's write is a future on the pool."""
+        """As `write`, but returns at once: each chunk's write is a future on the pool, whose
+        result is (key, Sum)."""
         stop = start + values.size
         if start % self._chunk or (stop % self._chunk and stop != self._length):
             raise ValueError(f"[{start}, {stop}) is not made of whole chunks of {self._chunk}")
         first, last = start // self._chunk, -(-stop // self._chunk)
-        return [self._pool.submit(self._write_chunk, i, values[i * self._chunk - start:(i + 1) * self._chunk - start])
-                for i in range(first, last)]
+        submitted = []
+        try:
+            for i in range(first, last):
+                submitted.append(self._pool.submit(self._write_chunk, i,
+                                                   values[i * self._chunk - start:(i + 1) * self._chunk - start]))
+        except BaseException:  # the pool was shut down (a teardown): what it took lands before this raises
+            wait(submitted)
+            raise
+        return submitted
 
-    def _write_chunk(self, index: int, values) -> None:
+    def _write_chunk(self, index: int, values) -> tuple[str, Sum]:
         data = np.ascontiguousarray(values, dtype=self._dtype)
         if data.size < self._chunk:  # zarr v2 stores the last chunk at full size, padded with the fill value
             fill = 0 if self._meta.fill_value is None else self._meta.fill_value
             data = np.concatenate([data, np.full(self._chunk - data.size, fill, self._dtype)])
-        encoded = self._compressor.encode(data) if self._compressor is not None else data.tobytes()
-        self._fs.pipe_file(posixpath.join(self._prefix, self._meta.encode_chunk_key((index,))), bytes(encoded))
+        encoded = data
+        for codec in self._filters:
+            encoded = codec.encode(encoded)
+        if self._compressor is not None:
+            encoded = self._compressor.encode(encoded)
+        if self._scheme == chunk_checksums.ZSTD_FRAME:
+            encoded, summed = chunk_checksums.sealed_zstd_frame(encoded)
+        else:
+            encoded = bytes(encoded)
+            summed = Sum.of(encoded)
+        key = self._meta.encode_chunk_key((index,))
+        self._fs.pipe_file(posixpath.join(self._prefix, key), encoded)
+        return f"{self._name}/{key}", summed
+
+
+class _SummingStore(WrapperStore):
+    """A store that remembers the Sum of every object zarr writes through it (by key), for
+    the writer to report: zarr 3 encodes those objects itself (sharding, its codecs)."""
+
+    def __init__(self, store, sums: dict | None = None):
+        super().__init__(store)
+        self.sums = {} if sums is None else sums
+
+    def _with_store(self, store):
+        return type(self)(store, self.sums)
+
+    async def set(self, key, value, *args, **kwargs):
+        self.sums[key] = Sum.of(value.as_numpy_array())
+        return await self._store.set(key, value, *args, **kwargs)
 
 
 class ZarrWriter:
     """Writes through zarr's own array[a:b] = ... (zarr v3: sharding and its codec pipeline)."""
 
     def __init__(self, target: StoreTarget, split: str, name: str):
-        self._array = open_array(target, split, name)
+        self._store = _SummingStore(make_store(child_url(target.url, split), target.storage_options))
+        array = zarr.open_array(store=self._store, path=name, mode="r+", zarr_format=target.zarr_format)
+        self._array = array.with_config({"write_empty_chunks": True})  # as open_array
+        self._name = name
+        self._block = target.write_block(name)
 
-    def write(self, start: int, values) -> None:
-        self._array[start:start + values.size] = np.asarray(values)
+    def write(self, start: int, values) -> list[tuple[str, Sum]]:
+        """As ChunkWriter.write: whole write blocks (chunks, or shard objects)."""
+        stop = start + values.size
+        self._array[start:stop] = np.asarray(values)
+        written = []
+        for index in range(start // self._block, -(-stop // self._block)):
+            key = f"{self._name}/{self._array.metadata.encode_chunk_key((index,))}"
+            written.append((key, self._store.sums.pop(key)))
+        return written
 
     def submit(self, start: int, values) -> list[Future]:
-        self.write(start, values)  # zarr's own path: done when it returns
-        return []
+        """As ChunkWriter.submit, but zarr's own path: done when it returns."""
+        futures = []
+        for written in self.write(start, values):
+            futures.append(Future())
+            futures[-1].set_result(written)
+        return futures
 
 
 def array_writer(target: StoreTarget, split: str, name: str, pool):

@@ -1,0 +1,137 @@
+"""pipeline.loaders, torch- and jax-free: the stream a data loader's workers split by step
+(interleaved worker by worker, they are the host's stream), its state for resuming, and the
+map-style source of sequences; on a dataset written by the real pipeline."""
+import pickle
+
+import numpy as np
+import pytest
+
+from pipeline.blend import Blend
+from pipeline.loaders import PackedBatchStream, SequenceSource
+from pipeline.reader import DatasetError, open_dataset
+from tests.helpers import run_pipeline
+
+LENGTH = 128
+SIZES = {"block_tokens": 4 * LENGTH, "buffer_blocks": 3}
+
+
+@pytest.fixture(scope="module")
+def splits(tmp_path_factory, corpus):
+    out = tmp_path_factory.mktemp("loaders") / "bytes.zarr"
+    run_pipeline("--input", f"{corpus}/*.jsonl", "--output", out, "--tokenizer", "bytes",
+                 "--validation_fraction", "0.2", "--tokens_chunk_size", "4096")
+    return open_dataset(str(out))
+
+
+def take(batches, n):
+    return [next(batches) for _ in range(n)]
+
+
+def like_a_data_loader(workers, n):
+    """What a DataLoader does with one iterator per worker: one item from each in turn, a
+    finished worker left out."""
+    out, live = [], list(workers)
+    while live and len(out) < n:
+        for w in list(live):
+            try:
+                out.append(next(w))
+            except StopIteration:
+                live.remove(w)
+            if len(out) == n:
+                break
+    return out
+
+
+def same(a, b):
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        for u, v in zip(x, y):
+            assert (u is None and v is None) or np.array_equal(u, v)
+
+
+@pytest.mark.parametrize("num_workers", [1, 2, 3])
+def test_workers_of_two_ranks_give_each_rank_s_stream(splits, num_workers):
+    train = splits["train"]
+    for rank in range(2):
+        want = take(train.packed_batches(LENGTH, 8, seed=3, rank=rank, world_size=2, **SIZES), 20)
+        stream = PackedBatchStream(train, LENGTH, 8, seed=3, rank=rank, world_size=2, **SIZES)
+        copies = [pickle.loads(pickle.dumps(stream)) for _ in range(num_workers)]  # as workers get it
+        same(like_a_data_loader([c.batches(j, num_workers) for j, c in enumerate(copies)], 20), want)
+
+
+def test_with_epochs_the_workers_end_together_with_the_stream(splits):
+    train = splits["train"]
+    want = list(train.packed_batches(LENGTH, 6, seed=1, epochs=1, rank=1, world_size=2, **SIZES))
+    stream = PackedBatchStream(train, LENGTH, 6, seed=1, epochs=1, rank=1, world_size=2, **SIZES)
+    copies = [pickle.loads(pickle.dumps(stream)) for _ in range(3)]
+    got = like_a_data_loader([c.batches(j, 3) for j, c in enumerate(copies)], 10**6)
+    assert len(want) % 3 and len(got) == len(want)
+    same(got, want)
+
+
+def test_a_state_resumes_in_process_and_under_workers(splits):
+    train = splits["train"]
+    want = take(train.packed_batches(LENGTH, 8, seed=4, segments=True, **SIZES), 16)
+    stream = PackedBatchStream(train, LENGTH, 8, seed=4, segments=True, **SIZES)
+    it = iter(stream)
+    same(take(it, 5), want[:5])
+    state = stream.state_dict()
+    assert state["next_step"] == 5
+    again = PackedBatchStream(train, LENGTH, 8, seed=4, segments=True, **SIZES)
+    again.load_state_dict(pickle.loads(pickle.dumps(state)))
+    same(take(iter(again), 3), want[5:8])
+    under_workers = [PackedBatchStream(train, LENGTH, 8, seed=4, segments=True, **SIZES) for _ in range(2)]
+    for copy in under_workers:  # a state from one process resumes under any number of workers
+        copy.load_state_dict(state)
+    same(like_a_data_loader([c.batches(j, 2) for j, c in enumerate(under_workers)], 11), want[5:])
+    fresh = PackedBatchStream(train, LENGTH, 8, seed=4, start_step=5, segments=True, **SIZES)
+    same(take(iter(fresh), 11), want[5:])  # and start_step does the same, with any loader
+
+
+def test_a_worker_s_state_resumes_that_worker(splits):
+    train = splits["train"]
+    want = take(train.packed_batches(LENGTH, 8, seed=2, **SIZES), 12)
+    workers = [PackedBatchStream(train, LENGTH, 8, seed=2, **SIZES) for _ in range(2)]
+    iterators = [w.batches(j, 2) for j, w in enumerate(workers)]
+    same(like_a_data_loader(iterators, 6), want[:6])  # three batches from each worker
+    states = [w.state_dict() for w in workers]
+    assert [s["next_step"] for s in states] == [6, 7] and [s["worker"] for s in states] == [0, 1]
+    resumed = [PackedBatchStream(train, LENGTH, 8, seed=2, **SIZES) for _ in range(2)]
+    for r, s in zip(resumed, states):
+        r.load_state_dict(s)
+    same(like_a_data_loader([r.batches(j, 2) for j, r in enumerate(resumed)], 6), want[6:])
+    wrong = PackedBatchStream(train, LENGTH, 8, seed=2, **SIZES)
+    wrong.load_state_dict(states[1])
+    with pytest.raises(ValueError, match="worker 1's of 2"):
+        wrong.batches(0, 3)
+    with pytest.raises(ValueError, match="another stream's"):
+        PackedBatchStream(train, LENGTH, 8, seed=3, **SIZES).load_state_dict(states[0])
+
+
+def test_a_blend_s_stream_splits_over_workers_too(splits):
+    blend = Blend([splits["train"], splits["validation"]], [3, 1], seed=5)
+    want = take(blend.packed_batches(LENGTH, 8, rank=1, world_size=2, sources=True, **SIZES), 12)
+    stream = PackedBatchStream(blend, LENGTH, 8, rank=1, world_size=2, sources=True, **SIZES)
+    copies = [pickle.loads(pickle.dumps(stream)) for _ in range(3)]
+    same(like_a_data_loader([c.batches(j, 3) for j, c in enumerate(copies)], 12), want)
+    with pytest.raises(ValueError, match="own seed"):
+        PackedBatchStream(blend, LENGTH, 8, seed=1)
+
+
+def test_arguments_are_checked_at_once(splits):
+    train = splits["train"]
+    for kwargs, error in (({"world_size": 3}, ValueError), ({"length": 10**9}, ValueError),
+                          ({"sources": True}, DatasetError), ({"batch_size": 0}, ValueError)):
+        with pytest.raises(error):
+            PackedBatchStream(train, **{"length": LENGTH, "batch_size": 8, **kwargs})
+
+
+def test_sequences_map_style(splits):
+    validation = splits["validation"]
+    source = pickle.loads(pickle.dumps(SequenceSource(validation)))
+    assert len(source) == len(validation) > 10
+    assert [source[i].tolist() for i in (0, 3, len(source) - 1)] == [validation.sequence(i).tolist()
+                                                                     for i in (0, 3, len(source) - 1)]
+    cut = SequenceSource(validation, max_length=5)
+    assert all(cut[i].tolist() == validation.sequence(i).tolist()[:5] for i in range(10))
+    assert source[0].dtype == np.int32
