@@ -5,9 +5,10 @@
     mixture's copies) -> lay the shards out -> create the output -> report rejected lines
     -> check the rejected fraction -> write the flat-tokens arrays -> commit the dataset.
 
-The bracketed steps run with --dedup exact, --min_tokens or --max_tokens, and --mixture only;
-without them the graph is the plain one. Each step comes from the stage package named in its import, in the order of
-the sentence (the map: docs/design.md).
+The bracketed steps run with --dedup (exact or near: near-copies are found inside the
+dedup step, transforms/tokenize/near_dedup.py), --min_tokens or --max_tokens, and --mixture
+only; without them the graph is the plain one. Each step comes from the stage package named
+in its import, in the order of the sentence (the map: docs/design.md).
 
 `build_pipeline` only wires transforms; pipeline/plan.py turns options into the JobPlan it
 wires (listing files and loading the tokenizer there, so bad options fail before any
@@ -55,8 +56,9 @@ def build_pipeline(p: beam.Pipeline, plan: JobPlan):
         ranges, row_groups, plan.text_key,
         batch_documents=plan.batch_documents, storage_options=so, progress_dir=plan.progress_dir, staging=area)
     digests = plan.dedup_shards is not None
-    tokenize = (TokenizeAndStage(plan.tokenizer, area, so, plan.progress_dir, digests) if area else
-                TokenizeBatches(plan.tokenizer, so, plan.progress_dir, digests=digests))
+    signatures = plan.near[0] if plan.near else None
+    tokenize = (TokenizeAndStage(plan.tokenizer, area, so, plan.progress_dir, digests, signatures) if area else
+                TokenizeBatches(plan.tokenizer, so, plan.progress_dir, digests=digests, near=signatures))
     tokenized = corpus.documents | "Tokenize" >> beam.ParDo(tokenize).with_output_types(TokenizedBatch)
     if resume and resume.units:
         staged = p | "ReplayStagedUnits" >> ReplayStagedUnits(area, resume.units, plan.progress_dir)
@@ -69,7 +71,7 @@ def build_pipeline(p: beam.Pipeline, plan: JobPlan):
     if plan.dedup_shards is not None:
         distinct = tokenized | "DropDuplicates" >> DropDuplicates(
             plan.seed, plan.validation_fraction, plan.dedup_shards,
-            plan.source_of_input if plan.mixture is not None else plan.record_sources)
+            plan.source_of_input if plan.mixture is not None else plan.record_sources, plan.near, plan.spill_dir)
         batches = distinct.batches
         counted.append(distinct.counts)
     if plan.length_limits.active():

@@ -249,7 +249,7 @@ def window_report(split: FlatTokensSplit, index: int, length: int, decoder) -> d
 
 
 PROVENANCE_KEYS = ("tokenizer", "seed", "validation_fraction", "inputs", "validation_inputs", "text_key",
-                   "input_files", "dedup", "mixture", "package", "run_id", "storage", "rejected_output")
+                   "input_files", "dedup", "near_dedup", "mixture", "package", "run_id", "storage", "rejected_output")
 
 
 def provenance(attrs: dict) -> dict:
@@ -362,9 +362,11 @@ def render(report: dict) -> str:
         out += source_table(p["mixture"])
     stats = p.get("stats", {})
     if stats:
-        order = ("lines", "documents", "blank", "rejected", "empty", "duplicates")
+        order = ("lines", "documents", "blank", "rejected", "empty", "duplicates", "near_duplicates")
         parts = [f"{k} {_num(stats[k])}" for k in order if k in stats]
         out.append("  stats: " + "  ".join(parts))
+        if stats.get("near_dedup"):
+            out.append("  near dedup: " + ", ".join(f"{k} {v}" for k, v in stats["near_dedup"].items()))
         if stats.get("rejected_by_reason"):
             out.append("  rejected by reason: " + ", ".join(f"{k} {v}" for k, v in stats["rejected_by_reason"].items()))
     return "\n".join(out)

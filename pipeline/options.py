@@ -13,7 +13,9 @@ DEFAULT_VALIDATION_FRACTION = 0.01
 DEFAULT_TOKENS_CHUNK = 1 << 18  # measured: docs/design.md, 'Chunks and codecs'
 DEFAULT_SEQ_STARTS_CHUNK = 1 << 16
 DEFAULT_SHARD_MB = 64
-DEDUP_CHOICES = ("none", "exact")
+DEDUP_CHOICES = ("none", "exact", "near")
+NEAR_HASHES = (64, 128, 256, 512, 1024)  # signature bins (transforms/tokenize/minhash.py)
+NEAR_BANDS = (8, 16, 32, 64)  # at most the fewest bins: every band has a bin or more
 MAX_SEED = 1 << 64
 REQUIRED_UNLESS_MIXTURE = "required, unless --mixture is given"
 
@@ -109,11 +111,37 @@ OPTIONS: tuple[Option, ...] = (
                                   "train tokens) and optional max_epochs, validation_input and text_key. Give "
                                   "either input or mixture")),
     Option(name="dedup", group="input", default="none", choices=DEDUP_CHOICES,
-           help="none, or exact: keep each distinct text once, whichever file or source it comes from; a "
-                "text is never in both splits (and a file may then be listed twice)",
+           help="none; exact: keep each distinct text once, whichever file or source it comes from; or near: "
+                "also keep one text of each cluster of near-copies (MinHash, --near_threshold). A text (a "
+                "cluster) is never in both splits, and a file may then be listed twice",
            template=Template("Deduplication", "choice",
                              choices=(("none", "none", "keep every document"),
-                                      ("exact", "exact", "keep each distinct text once")))),
+                                      ("exact", "exact", "keep each distinct text once"),
+                                      ("near", "near", "keep one text of each cluster of near-copies")))),
+    Option(name="near_threshold", group="input", type=float, default=0.8,
+           help="--dedup near: texts whose shingles (--near_shingle) have at least this Jaccard similarity, as "
+                "their MinHash signatures estimate it, are near-copies",
+           template=Template("Near-duplicate threshold", "fraction", example="0.8")),
+    Option(name="near_shingle", group="input", default="words", choices=("words", "tokens"),
+           help="--dedup near: shingles are n-grams of words (tokenizer-independent) or of token ids",
+           template=Template("Near-duplicate shingles", "choice",
+                             choices=(("words", "word n-grams", "independent of the tokenizer"),
+                                      ("tokens", "token n-grams", "n-grams of token ids")))),
+    Option(name="near_shingle_size", group="input", type=int, default=5,
+           help="--dedup near: n, the words (or tokens) of a shingle; a text with fewer has no near-copies",
+           template=Template("Near-duplicate shingle size", "positive_int")),
+    Option(name="near_hashes", group="input", type=int, default=256, choices=NEAR_HASHES,
+           help="--dedup near: bins of each MinHash signature (2 bytes each); more estimate similarity "
+                "more closely",
+           template=Template("Near-duplicate signature bins", "choice",
+                             choices=tuple((str(k), f"{k} bins", f"{2 * k} bytes per document")
+                                           for k in NEAR_HASHES))),
+    Option(name="near_bands", group="input", type=int, default=32, choices=NEAR_BANDS,
+           help="--dedup near: locality-sensitive hashing bands, each of near_hashes / near_bands bins: "
+                "texts sharing a band are compared",
+           template=Template("Near-duplicate bands", "choice",
+                             choices=tuple((str(b), f"{b} bands", "of near_hashes / near_bands bins each")
+                                           for b in NEAR_BANDS))),
     # tokenization
     Option(name="tokenizer", group="tokenization", required=True,
            help="tokenizer.json path or URL; 'bytes' (built in: UTF-8 byte b -> id b+1); or a "
@@ -371,6 +399,14 @@ def check_options(o: FlatTokensOptions) -> None:
         raise OptionError("--num_shards and --chunks_per_shard must be >= 0")
     if o.chunks_per_shard and o.zarr_format != 3:
         raise OptionError("--chunks_per_shard needs --zarr_format 3 (zarr 2 has no sharding)")
+    check_near_options(o)
+
+
+def check_near_options(o: FlatTokensOptions) -> None:
+    if not 0 <= o.near_threshold <= 1:
+        raise OptionError(f"--near_threshold {o.near_threshold}: must be in [0, 1]")
+    if o.near_shingle_size < 1:
+        raise OptionError(f"--near_shingle_size {o.near_shingle_size}: must be a positive integer")
 
 
 def validation_fraction(o: FlatTokensOptions) -> float:

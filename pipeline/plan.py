@@ -20,6 +20,7 @@ from transforms.read.jsonl_documents import check_text_key
 from transforms.read.parquet import RowGroup, list_row_groups
 from transforms.shuffle.sources import MAX_SOURCES
 from transforms.tokenize.lengths import LengthLimits
+from transforms.tokenize.minhash import MinHashSettings
 from transforms.tokenize.tokenizer import TokenizerInfo, resolve_tokenizer
 from transforms.write.zarr_store import StoreTarget
 
@@ -51,7 +52,8 @@ class JobPlan:
     spill_dir: str | None = None  # local runs only: where shard parts' ids wait for the sort (transforms/shuffle/spill.py)
     provenance: dict = field(default_factory=dict)
     row_groups: list[RowGroup] = field(default_factory=list)  # of the Parquet files, from their footers
-    dedup_shards: int | None = None  # --dedup exact: shards of the dedup shuffle; None: no dedup
+    dedup_shards: int | None = None  # --dedup exact or near: shards of the dedup shuffle; None: no dedup
+    near: tuple[MinHashSettings, float] | None = None  # --dedup near: (signatures and bands, threshold)
     mixture: mix.Mixture | None = None
     source_of_input: list[int] | None = None  # with a mixture: the source of each input index
     record_sources: list[int] | None = None  # --record_sources: the recorded source of each input index
@@ -149,7 +151,7 @@ def plan_job(o: FlatTokensOptions, storage_options: dict | None = None, run_id: 
     storage_options = storage_options or {}
     inputs = _list_inputs(o, storage_options)
     train_files, valid_files = inputs.train, inputs.validation
-    if o.dedup != "exact":
+    if o.dedup == "none":
         check_no_overlap(train_files + valid_files, lambda f: inputs.origins[input_index(f.key)])
     check_readable(train_files + valid_files, storage_options)
     row_groups = list_row_groups(train_files + valid_files, o.text_key, storage_options)
@@ -192,15 +194,26 @@ def plan_job(o: FlatTokensOptions, storage_options: dict | None = None, run_id: 
     }
     if names is not None:
         provenance["sources"] = names
+    if o.dedup == "near":
+        provenance["near_dedup"] = {"threshold": o.near_threshold, "shingle": o.near_shingle,
+                                    "shingle_size": o.near_shingle_size, "hashes": o.near_hashes,
+                                    "bands": o.near_bands}
     return JobPlan(
         files=train_files + valid_files, tokenizer=tokenizer, target=target, seed=o.seed,
         validation_fraction=fraction, num_shards=num_shards, text_key=o.text_key,
         overwrite=o.overwrite, read_range_bytes=o.read_range_mb << 20, batch_documents=o.batch_documents,
         max_rejected_fraction=o.max_rejected_fraction, rejected_url=rejected_output(o),
         input_bytes=all_bytes, provenance=provenance, row_groups=row_groups,
-        dedup_shards=(o.num_shards or auto_shards(all_bytes)) if o.dedup == "exact" else None,
+        dedup_shards=(o.num_shards or auto_shards(all_bytes)) if o.dedup != "none" else None,
+        near=near_settings(o),
         mixture=inputs.mixture, source_of_input=inputs.source_of_input, record_sources=record,
         skipped_files=inputs.skipped, length_limits=limits)
+
+
+def near_settings(o: FlatTokensOptions) -> tuple[MinHashSettings, float] | None:
+    if o.dedup != "near":
+        return None
+    return MinHashSettings(o.near_shingle, o.near_shingle_size, o.near_hashes, o.near_bands), o.near_threshold
 
 
 def _recorded_sources(o: FlatTokensOptions, inputs: _Inputs) -> tuple[list[int] | None, list[str] | None]:

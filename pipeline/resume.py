@@ -244,6 +244,8 @@ def unit_keys(plan, storage_options: dict | None = None, by_key: dict | None = N
     tokenizer = {k: v for k, v in plan.tokenizer.provenance().items() if k != "spec"}
     common = {"format": staging.FORMAT, "package": __version__, "batch_documents": plan.batch_documents,
               "digests": plan.dedup_shards is not None, "tokenizer": tokenizer}
+    if plan.near:  # only then: the keys of other runs' units stay as they were
+        common["signatures"] = plan.near[0].signature_key()
     versions = {}
     by_file, sizes = {}, {}
     for unit in list(plan.read_ranges()) + list(plan.row_groups):
@@ -265,8 +267,9 @@ def unit_keys(plan, storage_options: dict | None = None, by_key: dict | None = N
 def job_key(plan, units: dict) -> str:
     """Every unit key, with every option that changes the arrays: a shard's record is good
     only for the same job."""
+    near = {"near": repr(plan.near)} if plan.near else {}
     return staging.key_of({
-        "format": staging.FORMAT, "package": __version__,
+        **near, "format": staging.FORMAT, "package": __version__,
         "units": sorted(k for _, keys in units.values() for k in keys),
         "seed": plan.seed, "validation_fraction": plan.validation_fraction, "num_shards": plan.num_shards,
         "dedup_shards": plan.dedup_shards, "mixture": repr(plan.mixture), "source_of_input": plan.source_of_input,

@@ -171,6 +171,12 @@ def format_summary(summary: dict) -> str:
                 if s.get("truncated") else "")
              + (f", {s['split']:,} split by --max_tokens into {s['split'] + s['extra_sequences']:,} sequences"
                 if s.get("split") else "")]
+    if "near_dedup" in s:
+        near = s["near_dedup"]
+        lines.append(f"  near-duplicates: {s['near_duplicates']:,} removed from {near['clusters']:,} clusters of "
+                     f"{near['clustered_texts']:,} texts ({near['verified_pairs']:,} of {near['candidate_pairs']:,} "
+                     f"candidate pairs verified; estimated false-positive rate "
+                     f"{near['estimated_false_positive_rate']:.2%})")
     if summary.get("rejected_output"):
         reasons = ", ".join(f"{k} {v}" for k, v in s["rejected_by_reason"].items())
         lines.append(f"  rejected lines ({reasons}) are listed in {summary['rejected_output']}/")

@@ -1,5 +1,6 @@
 """Smoke tests of benchmarks/bench_pipeline.py, bench_reader.py, bench_resume.py, bench_unit_check.py,
-bench_codecs.py, bench_runners.py, bench_checksums.py, bit_flips.py and simulate_scale.py on tiny inputs: they run end to end and
+bench_codecs.py, bench_runners.py, bench_checksums.py, bench_dedup.py, bit_flips.py and simulate_scale.py on tiny
+inputs: they run end to end and
 report every field (no timing assertions: the numbers depend on the machine)."""
 import json
 import os
@@ -370,3 +371,33 @@ def test_bit_flips_script_smoke(tmp_path):
     assert "4 random single-bit flips" in proc.stdout and "every flip found by both: yes" in proc.stdout
     r = json.loads(results.read_text())
     assert r["random"] == {"verify": {"error": 4}, "reader": {"error": 4}} and len(r["flips"]) == 4
+
+
+@pytest.mark.slow
+def test_bench_dedup_smoke(tmp_path):
+    """benchmarks/bench_dedup.py: exact against near (words, tokens) and the quality scores."""
+    texts = [json.loads(line)["text"] for line in open(SAMPLE / "corpus-1.jsonl", encoding="utf-8")][:300]
+    corpus = write_jsonl(tmp_path / "tiny.jsonl", texts)
+    results = tmp_path / "bench-dedup.json"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "bench_dedup.py"), "--input", str(corpus), "--tokenizer", "bytes",
+         "--scale", "2", "--rounds", "1", "--quality_documents", "300", "--quality_setting", "words",
+         "--quality_setting", "tokens --near_hashes 128", "--json", str(results), "--workdir", str(tmp_path / "work")],
+        cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
+    for field in ("every round", "(a) --dedup exact", "(b) --dedup near (words)", "(c) --dedup near tokens",
+                  "ratio b/a", "peak RSS growth", "targets", "CPU <= 1.6x", "1x: peak RSS <= 1,024 MB",
+                  "quality:", "against word 5-grams", "against token 5-grams", "recall", "precision",
+                  "across train and validation"):
+        assert field in proc.stdout, f"{field!r} missing from:\n{proc.stdout}"
+    r = json.loads(results.read_text())
+    cost = r["cost"]
+    assert cost["runs"]["a"][0]["sequences"] == cost["runs"]["b"][0]["sequences"] + cost["runs"]["b"][0][
+        "near_duplicates"] > 0
+    assert cost["ratios"]["b"]["cpu_seconds"] == round(cost["medians"]["b"]["cpu_seconds"]
+                                                      / cost["medians"]["a"]["cpu_seconds"], 3)
+    quality = r["quality"]
+    assert quality["planted"] > 0 and set(quality["settings"]) == {"words", "tokens --near_hashes 128"}
+    words = quality["settings"]["words"]["against word 5-grams"]
+    assert words["pairs_at_threshold_plus_0.05"] > 0 and words["recall"] >= 0.95 and words["precision"] >= 0.95
+    assert words["pairs_across_splits"] == 0

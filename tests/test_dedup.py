@@ -66,7 +66,8 @@ def test_every_distinct_text_lands_once_and_never_in_both_splits(tmp_path, bpe_t
 def test_the_output_depends_only_on_the_distinct_texts(tmp_path, bpe_tokenizer):
     """With a validation fraction, copies in other files (listed first or last, in another
     order) change nothing: order and split come from each text's content. Also on two worker
-    processes and another shard count."""
+    processes and another shard count, and with the ids in the dedup shuffle itself (no
+    staged files for its parts to name: --no_staging)."""
     texts = [t for t in sample_texts() if t]
     write_jsonl(tmp_path / "one" / "x.jsonl", texts[:500])
     write_jsonl(tmp_path / "one" / "y.jsonl", texts[500:])
@@ -74,7 +75,8 @@ def test_the_output_depends_only_on_the_distinct_texts(tmp_path, bpe_tokenizer):
     common = ["--dedup", "exact", "--tokenizer", bpe_tokenizer, "--validation_fraction", "0.2", "--seed", "11"]
     run_pipeline("--input", tmp_path / "one", "--output", tmp_path / "a.zarr", *common)
     run_pipeline("--input", tmp_path / "more", "--input", f"{tmp_path}/one/*.jsonl", "--input", tmp_path / "one",
-                 "--output", tmp_path / "b.zarr", "--num_shards", "5", "--batch_documents", "64", *common, *MULTI)
+                 "--output", tmp_path / "b.zarr", "--num_shards", "5", "--batch_documents", "64", "--no_staging",
+                 *common, *MULTI)
     check_flat_tokens(tmp_path / "b.zarr", "--compare", tmp_path / "a.zarr", "--input",
                       write_distinct(tmp_path / "distinct.jsonl", texts), "--tokenizer", bpe_tokenizer)
     train, valid = split_texts(tmp_path / "b.zarr", "train", bpe_tokenizer), split_texts(tmp_path / "b.zarr",

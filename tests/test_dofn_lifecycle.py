@@ -91,6 +91,27 @@ def test_spilling_works_after_teardown(tmp_path):
         assert np.array_equal(np.fromfile(path, dtype=batch.ids.dtype), batch.ids)
 
 
+def test_signature_files_are_written_after_teardown(tmp_path):
+    """--dedup near's KeyNodes writes each batch's signatures on its own thread."""
+    from transforms.tokenize import minhash
+    from transforms.tokenize.near_dedup import KeyNodes, signature_file_name
+    rng = np.random.default_rng(1)
+    batches = []
+    for i in range(3):
+        lengths = rng.integers(10, 50, 30)
+        ids = rng.integers(1, 5000, int(lengths.sum())).astype(np.uint16)
+        batches.append(TokenizedBatch(f"{i}:f{i}.jsonl", "auto", np.arange(30, dtype=np.uint64) * 100, lengths, ids,
+                                      0, rng.integers(0, 2**63, (30, 2), dtype=np.uint64),
+                                      minhash.signatures(ids, lengths, 5, 64)))
+    outputs = used_after_teardown(KeyNodes(0, 4, str(tmp_path)), [[b] for b in batches])
+    for parts, batch in zip(outputs, batches):
+        assert parts and all(part.signature_file for _, part in parts)
+        written = np.fromfile(tmp_path / signature_file_name(batch.file_key, 0), dtype=np.uint16)
+        assert np.array_equal(written.reshape(-1, 64), batch.signatures)
+        for _, part in parts:
+            assert np.array_equal(part.signatures_of(np.arange(part.ranks.size)), batch.signatures[part.rows])
+
+
 def test_a_progress_file_keeps_counting_after_teardown(tmp_path):
     progress = ProgressFile(str(tmp_path))
     progress.add(documents=3, tokens=10)

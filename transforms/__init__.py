@@ -5,7 +5,7 @@
     rejected fraction -> write the flat-tokens arrays -> commit the dataset
 
     read/      input files and mixtures -> batches of documents, every line accounted for
-    tokenize/  documents -> token ids (fast backend, HF guard); exact dedup by content
+    tokenize/  documents -> token ids (fast backend, HF guard); exact and near dedup by content
     shuffle/   a mixture's weights -> copies; every document -> its shard, sorted by hash
     write/     the layout, the output's ownership, the arrays, the report and the commit
 

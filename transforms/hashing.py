@@ -64,6 +64,11 @@ def content_hashes(salt: np.uint64, digests: np.ndarray) -> np.ndarray:
 _COPY = np.uint64(0xD6E8FEB86659FD93)
 
 
+def content_shards(digests: np.ndarray, seed: int, num_shards: int) -> np.ndarray:
+    """The dedup shard of each text (its (n, 2) content digests): where all its copies meet."""
+    return shard_of(content_hashes(content_salt(seed, ORDER), digests), num_shards)
+
+
 def copy_hashes(first: np.ndarray, copy_index: np.ndarray) -> np.ndarray:
     """The order hash of copy k of a document whose first copy hashes to `first`: copy 0
     keeps it, every other copy gets an independent one (a mixture repeats documents)."""

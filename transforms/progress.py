@@ -32,7 +32,8 @@ PROGRESS_COUNTERS = {"documents": "documents", "bytes": "input_bytes", "tokens":
 # The counter each key of a count dict feeds (transforms/counts.py); rejected lines also by
 # reason, as `rejected_<reason>`. `documents` is counted as batches are read, not here.
 COUNT_COUNTERS = {"lines": "lines", "blank": "blank_lines", "rejected": "rejected_lines",
-                  "empty": "empty_documents", "duplicates": "duplicates_removed"}
+                  "empty": "empty_documents", "duplicates": "duplicates_removed",
+                  "near_duplicates": "near_duplicates_removed"}
 _WRITE_EVERY_SECONDS = 1.0
 
 

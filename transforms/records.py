@@ -12,6 +12,8 @@ import apache_beam as beam
 import numcodecs
 import numpy as np
 
+from transforms.segments import take_documents
+
 # The two splits of a dataset, in the order every stage numbers them.
 SPLITS = ("train", "validation")
 
@@ -37,6 +39,7 @@ class TokenizedBatch:
     ids: np.ndarray  # token ids, documents concatenated, in the narrowest type (narrowest_ids)
     empty: int  # documents that tokenized to nothing (dropped)
     digests: np.ndarray | None = None  # (n, 2) uint64 content digests, with --dedup exact only
+    signatures: np.ndarray | None = None  # (n, K) uint16 MinHash signatures, with --dedup near only
     # Where these ids lie on local disk as they are, when a run staged them there
     # (transforms/staging.py): the shuffle's spill then maps that file instead of writing one,
     # and a batch that crosses from one stage to another (a resumed run's replayed batches
@@ -327,23 +330,43 @@ for _record in (DocumentBatch, TokenizedBatch, ShardPart, SortedShard):
 
 @dataclass
 class DedupPart:
-    """The documents of one TokenizedBatch that fall into one shard of the dedup shuffle."""
+    """The documents of one TokenizedBatch that fall into one shard of the dedup shuffle.
+
+    Its ids travel LZ4-packed (`packed_ids`, as in ShardPart), or, when its batch's ids lie
+    in a local file (a local run's staged batch: TokenizedBatch.ids_file), only where each
+    document starts in that file (`ids_file`, `starts`). The in-process runner holds every
+    part until the group is read, several times over: with the ids inside, 3.8 GB at the
+    peak of the 1.25 GB benchmark (5 copies of each text)."""
 
     file_key: str
     split: str  # the batch's split: "train", "validation" or "auto"
     offsets: np.ndarray  # uint64: with the file key, each copy's place (which copy is kept)
     digests: np.ndarray  # (n, 2) uint64 content digests
     lengths: np.ndarray  # int64
-    packed_ids: bytes  # as in ShardPart
+    packed_ids: bytes  # as in ShardPart; empty when the ids are in `ids_file`
     ids_dtype: str
+    ids_file: str | None = None  # the batch's ids file, holding `file_ids` ids
+    file_ids: int = 0
+    starts: np.ndarray | None = None  # where each document starts in `ids_file`
 
     @classmethod
     def of(cls, file_key, split, offsets, digests, lengths, ids: np.ndarray) -> "DedupPart":
         ids = np.ascontiguousarray(ids)
         return cls(file_key, split, offsets, digests, lengths, _SHUFFLE_CODEC.encode(ids), ids.dtype.name)
 
-    def ids(self) -> np.ndarray:
-        return np.frombuffer(_SHUFFLE_CODEC.decode(self.packed_ids), dtype=self.ids_dtype)
+    @classmethod
+    def in_file(cls, file_key, split, offsets, digests, lengths, ids_file: str, ids: np.ndarray,
+                starts: np.ndarray) -> "DedupPart":
+        """A part whose documents are at `starts` of the local file `ids_file`, which holds `ids`."""
+        return cls(file_key, split, offsets, digests, lengths, b"", ids.dtype.name, ids_file, int(ids.size), starts)
+
+    def documents(self, members: np.ndarray) -> np.ndarray:
+        """The ids of documents `members` of the part, concatenated in that order."""
+        if self.ids_file is not None:
+            return take_documents(mapped_ids(self.ids_file, self.ids_dtype, self.file_ids), self.starts[members],
+                                  self.lengths[members])
+        ids = np.frombuffer(_SHUFFLE_CODEC.decode(self.packed_ids), dtype=self.ids_dtype)
+        return take_documents(ids, (np.cumsum(self.lengths) - self.lengths)[members], self.lengths[members])
 
 
 @dataclass
@@ -358,4 +381,83 @@ class DistinctBatch:
 
 
 for _record in (DedupPart, DistinctBatch):
+    beam.coders.registry.register_coder(_record, RecordCoder)
+
+
+# ---------------------------------------------------------------------------------------------
+# --dedup near (transforms/tokenize/near_dedup.py): the near-duplicate graph's elements
+
+@dataclass
+class Nodes:
+    """Distinct texts as nodes of the near-duplicate graph, in aligned arrays."""
+
+    ids: np.ndarray  # uint64: dedup shard << 32 | row in the shard's node table (0 before it is made)
+    digests: np.ndarray  # (n, 2) uint64 content digests
+    ranks: np.ndarray  # uint64: the kept text of a cluster has the smallest (near_dedup.rank_of)
+    votes: np.ndarray  # int8: the split its copies ask for (near_dedup.TRAIN, AUTO, VALIDATION)
+    signatures: np.ndarray  # (n, K) uint16 MinHash signatures
+
+    def take(self, index) -> "Nodes":
+        return Nodes(*(getattr(self, f.name)[index] for f in fields(self)))
+
+    @staticmethod
+    def concatenate(parts: list["Nodes"]) -> "Nodes":
+        return Nodes(*(np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(Nodes)))
+
+
+@dataclass
+class NodePart:
+    """The signed documents of one TokenizedBatch that fall into one dedup shard (--dedup near):
+    what their nodes are made of. Their signatures are in memory, or (local runs) rows of a
+    file holding the batch's signatures, which the in-process runner then does not hold:
+    512 bytes a document, for every copy of every text, until the copies are merged."""
+
+    digests: np.ndarray  # (n, 2) uint64
+    ranks: np.ndarray  # uint64
+    votes: np.ndarray  # int8
+    signatures: np.ndarray | None = None  # (n, K) uint16
+    signature_file: str | None = None  # a file of (file_rows, K) uint16 signatures ...
+    rows: np.ndarray | None = None  # ... whose rows these documents' are
+    file_rows: int = 0
+    hashes: int = 0  # K
+
+    def signatures_of(self, members: np.ndarray) -> np.ndarray:
+        """The signatures of documents `members` of the part."""
+        if self.signature_file is None:
+            return self.signatures[members]
+        mapped = mapped_ids(self.signature_file, "uint16", self.file_rows * self.hashes)
+        return mapped.reshape(self.file_rows, self.hashes)[self.rows[members]]
+
+
+@dataclass
+class BandPart:
+    """Band hashes of nodes (one entry per node and band) that fall into one band shard."""
+
+    hashes: np.ndarray  # uint64
+    nodes: np.ndarray  # uint64 node ids
+    order_keys: np.ndarray  # uint64: the first half of each node's content digest
+
+
+@dataclass
+class Edges:
+    """Pairs of nodes (a, b), each with what a step of the graph carries along: `nodes`, the
+    node at one end of each pair (which end: `b_side`), or nothing."""
+
+    a: np.ndarray  # uint64
+    b: np.ndarray  # uint64
+    b_side: np.ndarray | None = None  # bool: `nodes` is the pair's b
+    nodes: Nodes | None = None
+
+
+@dataclass
+class NearDecisions:
+    """What --dedup near decided for texts of one dedup shard: each is removed (a near-copy of
+    the kept text of its cluster) or kept, in the split of its whole cluster."""
+
+    digests: np.ndarray  # (n, 2) uint64
+    removed: np.ndarray  # bool
+    splits: np.ndarray  # int8 split of the cluster (0 train, 1 validation)
+
+
+for _record in (Nodes, NodePart, BandPart, Edges, NearDecisions):
     beam.coders.registry.register_coder(_record, RecordCoder)

@@ -6,7 +6,8 @@ failure redoes only what was not finished, and never reuses stale work (issue 20
       arrays.json                    the job key whose chunks the arrays train/ and validation/ hold
       units/<unit key>/<place>.ids   a tokenized batch's ids: as they are locally (the shuffle's
                                      spill file too), LZ4-compressed on an object store
-      units/<unit key>/<place>.batch its documents: places, lengths, empty count, digests
+      units/<unit key>/<place>.batch its documents: places, lengths, empty count, digests,
+                                     MinHash signatures (--dedup near)
       units/<unit key>/unit.<n>.json the unit's account (counts, line counts, rejected lines)
                                      and the places of its n batches
       shards/<job key>/<split>.<shard>.<chunks>.rec  a shard whose owned chunks all landed: its
@@ -224,6 +225,8 @@ class StagingArea:
         arrays = {"offsets": batch.offsets, "lengths": batch.lengths}
         if batch.digests is not None:
             arrays["digests"] = batch.digests
+        if batch.signatures is not None:
+            arrays["signatures"] = batch.signatures
         return Documents(header, arrays)
 
     def put_batch(self, unit: str, place: int, documents: Documents, ids: Sum) -> None:
@@ -330,7 +333,7 @@ class StagingArea:
         if ids.size != n:
             raise Damaged(f"staged file {base}{IDS}: holds {ids.size} ids, its documents need {n}")
         return TokenizedBatch(header["file_key"], header["split"], arrays["offsets"], arrays["lengths"], ids,
-                              header["empty"], arrays.get("digests"), ids_file=ids_file)
+                              header["empty"], arrays.get("digests"), arrays.get("signatures"), ids_file=ids_file)
 
     def read_shard(self, job_key: str, name: str) -> tuple[dict, list]:
         """A shard record, checked: (header, fragments as [((split, array, index), (start,

@@ -226,6 +226,7 @@ def sampling_plan(mixture: Mixture, train_tokens: list[int]) -> tuple[Fraction, 
 DOCUMENTS = "documents"  # documents read (empty ones included)
 EMPTY = "empty"  # documents that tokenized to nothing
 DUPLICATES = "duplicates"  # copies removed by --dedup exact
+NEAR_DUPLICATES = "near_duplicates"  # texts removed by --dedup near as near-copies of a kept text
 TRAIN_DOCUMENTS = "train_documents"  # distinct documents available to train
 TOKENS_AVAILABLE = "tokens_available"  # their tokens: tokens_s of the multiplier
 TRAIN_SEQUENCES = "train_sequences"  # copies written to train
@@ -258,12 +259,14 @@ def check_source_accounts(mixture: Mixture, counts: dict) -> None:
     _, plan = sampling_plan(mixture, train_tokens_of(mixture, counts))
     for i, (source, sampling) in enumerate(zip(mixture.sources, plan)):
         c = source_counts(counts, i)
-        used = (c[EMPTY] + c[DUPLICATES] + c[TOO_SHORT] + c[TRAIN_DOCUMENTS] + c[VALIDATION_SEQUENCES]
+        near = counts.get(source_key(i, NEAR_DUPLICATES), 0)
+        used = (c[EMPTY] + c[DUPLICATES] + near + c[TOO_SHORT] + c[TRAIN_DOCUMENTS] + c[VALIDATION_SEQUENCES]
                 - c[EXTRA_SEQUENCES])
         if used != c[DOCUMENTS]:
             raise RuntimeError(f"source {source.name!r}: {c[DOCUMENTS]} documents read, but {c[EMPTY]} empty + "
-                               f"{c[DUPLICATES]} duplicates + {c[TOO_SHORT]} too short + {c[TRAIN_DOCUMENTS]} train + "
-                               f"{c[VALIDATION_SEQUENCES]} validation - {c[EXTRA_SEQUENCES]} extra pieces = {used}")
+                               f"{c[DUPLICATES]} duplicates + {near} near-duplicates + {c[TOO_SHORT]} too short + "
+                               f"{c[TRAIN_DOCUMENTS]} train + {c[VALIDATION_SEQUENCES]} validation - "
+                               f"{c[EXTRA_SEQUENCES]} extra pieces = {used}")
         low, high = sampling.whole * c[TRAIN_DOCUMENTS], math.ceil(sampling.multiplier) * c[TRAIN_DOCUMENTS]
         if not low <= c[TRAIN_SEQUENCES] <= high:
             raise RuntimeError(f"source {source.name!r}: {c[TRAIN_SEQUENCES]} train copies of "
@@ -279,6 +282,8 @@ def report(mixture: Mixture, counts: dict) -> dict:
     for i, (entry, sampling) in enumerate(zip(described["sources"], plan)):
         c = source_counts(counts, i)
         entry.update(c)
+        if source_key(i, NEAR_DUPLICATES) in counts:  # --dedup near
+            entry[NEAR_DUPLICATES] = counts[source_key(i, NEAR_DUPLICATES)]
         entry["multiplier"] = float(sampling.multiplier)
         entry["train_share"] = c[TRAIN_TOKENS] / train_total if train_total else 0.0
     described["train_tokens_target"] = float(total)

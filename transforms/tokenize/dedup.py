@@ -1,4 +1,4 @@
-"""DropDuplicates (--dedup exact): tokenized batches -> each distinct text once, with its split.
+"""DropDuplicates (--dedup exact, and near): tokenized batches -> each distinct text once, with its split.
 
     key every document by the shard of a hash of its content -> group by shard
     -> in each shard, sort by content and keep one copy of each text -> decide its split
@@ -16,6 +16,7 @@ input or, for copies read from inputs split by --validation_fraction, when a see
 its *content* says so (the same answer for every copy). So no text is ever in both splits.
 """
 import hashlib
+from typing import NamedTuple
 
 import apache_beam as beam
 import numpy as np
@@ -25,14 +26,21 @@ from transforms.read import mixture
 from transforms.read.inputs import input_index
 from transforms.records import SPLITS, DedupPart, DistinctBatch, TokenizedBatch, narrowest_ids
 from transforms.segments import gather_segments, groups_of
+from transforms.tokenize.near_dedup import FindNearDuplicates
 
 COUNTS = "counts"
+NEAR_DUPLICATES = "near_duplicates"  # the count of texts removed as near-copies (--dedup near)
 _AUTO = 2  # a vote that the content hash decides
 
 
 def content_digests(texts: list[str]) -> np.ndarray:
     """(n, 2) uint64: the 128-bit blake2b digest of each text's UTF-8 bytes."""
-    joined = b"".join(hashlib.blake2b(t.encode("utf-8"), digest_size=16).digest() for t in texts)
+    return digests_of([t.encode("utf-8") for t in texts])
+
+
+def digests_of(encoded: list[bytes]) -> np.ndarray:
+    """(n, 2) uint64: the 128-bit blake2b digest of each of `encoded`."""
+    joined = b"".join(hashlib.blake2b(t, digest_size=16).digest() for t in encoded)
     return np.frombuffer(joined, dtype="<u8").astype(np.uint64).reshape(-1, 2)
 
 
@@ -42,18 +50,32 @@ def place_order(file_key: str) -> tuple[int, str]:
 
 def key_by_content(batch: TokenizedBatch, seed: int, num_shards: int):
     """Yields (shard, DedupPart) for each dedup shard that the batch's documents hit."""
-    hashes = hashing.content_hashes(hashing.content_salt(seed, hashing.ORDER), batch.digests)
-    for shard, members in groups_of(hashing.shard_of(hashes, num_shards)):
-        yield int(shard), DedupPart.of(
-            batch.file_key, batch.split, batch.offsets[members], batch.digests[members], batch.lengths[members],
-            gather_segments(batch.ids, batch.lengths, members))
+    starts = None
+    if batch.ids_file is not None:  # 4 bytes a document where they fit, as ShardPart's
+        starts = (np.cumsum(batch.lengths) - batch.lengths).astype(np.uint32 if batch.ids.size < 1 << 32 else np.int64)
+    for shard, members in groups_of(hashing.content_shards(batch.digests, seed, num_shards)):
+        keys = (batch.file_key, batch.split, batch.offsets[members], batch.digests[members], batch.lengths[members])
+        if starts is not None:  # a local staged batch: its parts name the file, not the ids
+            yield int(shard), DedupPart.in_file(*keys, batch.ids_file, batch.ids, starts[members])
+        else:
+            yield int(shard), DedupPart.of(*keys, gather_segments(batch.ids, batch.lengths, members))
 
 
 def drop_duplicates(keyed_parts, seed: int, validation_fraction: float, source_of_input: list[int] | None):
     """(shard, DedupParts) -> one DistinctBatch of the shard's distinct texts, and (tagged
-    `counts`) the copies removed, in total and per source of the removed copy."""
-    _, parts = keyed_parts
-    parts = list(parts)
+    `counts`) the copies removed, in total and per source of the removed copy.
+
+    With --dedup near, (shard, {parts, decisions}): the texts that FindNearDuplicates found
+    to be near-copies of another are removed too (counted per source of their kept copy),
+    and each kept text of a cluster gets its cluster's split."""
+    _, grouped = keyed_parts
+    decisions = None
+    if isinstance(grouped, dict):
+        parts, decisions = list(grouped["parts"]), list(grouped["decisions"])
+    else:
+        parts = list(grouped)
+    if not parts:
+        return
     sizes = [p.lengths.size for p in parts]
     digests = np.concatenate([p.digests for p in parts])
     lengths = np.concatenate([p.lengths for p in parts])
@@ -62,7 +84,6 @@ def drop_duplicates(keyed_parts, seed: int, validation_fraction: float, source_o
     # that does not depend on the order in which the parts arrive.
     rank = {key: i for i, key in enumerate(sorted({p.file_key for p in parts}, key=place_order))}
     file_rank = np.repeat(np.array([rank[p.file_key] for p in parts], dtype=np.int64), sizes)
-    ids = np.concatenate([p.ids() for p in parts])
 
     order = np.lexsort((offsets, file_rank, digests[:, 1], digests[:, 0]))
     sorted_digests = digests[order]
@@ -83,38 +104,113 @@ def drop_duplicates(keyed_parts, seed: int, validation_fraction: float, source_o
     else:
         sources = np.repeat(np.array([source_of_input[input_index(p.file_key)] for p in parts], dtype=np.int64),
                             sizes)
-    yield DistinctBatch(digests=digests[kept], splits=splits.astype(np.int8), sources=sources[kept],
-                        lengths=lengths[kept], ids=narrowest_ids(gather_segments(ids, lengths, kept)))
     counts = {"duplicates": int(removed.size)}
+    if decisions is not None:
+        near, cluster_split = _near_decided(digests[kept], decisions)
+        splits = np.where(cluster_split >= 0, cluster_split, splits)
+        counts[NEAR_DUPLICATES] = int(np.count_nonzero(near))
+        if source_of_input is not None:
+            for source, n in enumerate(np.bincount(sources[kept[near]], minlength=max(source_of_input) + 1).tolist()):
+                counts[mixture.source_key(source, mixture.NEAR_DUPLICATES)] = n
+        kept, splits = kept[~near], splits[~near]
+    yield DistinctBatch(digests=digests[kept], splits=splits.astype(np.int8), sources=sources[kept],
+                        lengths=lengths[kept], ids=narrowest_ids(kept_documents(parts, sizes, lengths, kept)))
     if source_of_input is not None:
         for source, n in enumerate(np.bincount(sources[removed], minlength=max(source_of_input) + 1).tolist()):
             counts[mixture.source_key(source, mixture.DUPLICATES)] = n
     yield beam.pvalue.TaggedOutput(COUNTS, counts)
 
 
+def _near_decided(digests: np.ndarray, decisions) -> tuple[np.ndarray, np.ndarray]:
+    """For distinct texts (their digests): (removed as a near-copy, the split of its cluster or -1
+    for a text that has no near-copy)."""
+    near = np.zeros(digests.shape[0], dtype=bool)
+    split = np.full(digests.shape[0], -1, dtype=np.int8)
+    if not decisions:
+        return near, split
+    decided = np.concatenate([d.digests for d in decisions])
+    removed = np.concatenate([d.removed for d in decisions])
+    cluster_split = np.concatenate([d.splits for d in decisions])
+    # Both sides sorted by digest: the decided texts are among the shard's distinct texts.
+    mine = np.lexsort((digests[:, 1], digests[:, 0]))
+    theirs = np.lexsort((decided[:, 1], decided[:, 0]))
+    at = mine[_locate(digests[mine], decided[theirs])]
+    near[at] = removed[theirs]
+    split[at] = cluster_split[theirs]
+    return near, split
+
+
+def _locate(haystack: np.ndarray, needles: np.ndarray) -> np.ndarray:
+    """Positions in `haystack` ((n, 2) uint64 rows, sorted) of each of `needles` (sorted, all in it)."""
+    keys = haystack.view([("hi", "<u8"), ("lo", "<u8")]).ravel() if haystack.size else haystack
+    wanted = needles.view([("hi", "<u8"), ("lo", "<u8")]).ravel()
+    at = np.searchsorted(keys, wanted)
+    if at.size and (at.max() >= haystack.shape[0] or not np.array_equal(haystack[at], needles)):
+        raise RuntimeError("near-duplicate decisions name a text that its dedup shard does not hold")
+    return at
+
+
+def kept_documents(parts, sizes: list[int], lengths: np.ndarray, kept: np.ndarray) -> np.ndarray:
+    """The ids of documents `kept` (indices into the parts' documents, end to end), in that
+    order. Only the kept copies are copied out of each part (its file, or its packed ids)."""
+    first = np.cumsum(sizes) - sizes
+    part_of = np.searchsorted(first, kept, side="right") - 1
+    pieces, grouped = [], []
+    for part, chosen in groups_of(part_of):
+        pieces.append(parts[part].documents(kept[chosen] - first[part]))
+        grouped.append(chosen)
+    if not pieces:
+        return np.empty(0, dtype=np.uint16)
+    grouped = np.concatenate(grouped)  # the output position of each document, as the pieces hold them
+    back = np.empty_like(grouped)
+    back[grouped] = np.arange(grouped.size)
+    return gather_segments(np.concatenate(pieces), lengths[kept][grouped], back)
+
+
 def _vote(split: str) -> int:
     return _AUTO if split == "auto" else SPLITS.index(split)
 
 
+class Deduplicated(NamedTuple):
+    batches: beam.PCollection  # DistinctBatches
+    counts: beam.PCollection  # count dicts
+
+
 class DropDuplicates(beam.PTransform):
-    """TokenizedBatches with content digests -> DistinctBatches (main output `batches`) and
-    count dicts (`counts`: the removed copies)."""
+    """TokenizedBatches with content digests -> (DistinctBatches, count dicts: the removed copies).
+
+    With `near` (--dedup near: (MinHashSettings, threshold)) and batches carrying signatures,
+    FindNearDuplicates decides, before the copies are grouped, which texts are near-copies
+    of another; they are dropped with the copies, in the same group (a decision is keyed by
+    the dedup shard of its text), so the corpus's tokens cross the runner once, as with
+    --dedup exact alone."""
 
     def __init__(self, seed: int, validation_fraction: float, num_shards: int,
-                 source_of_input: list[int] | None = None):
+                 source_of_input: list[int] | None = None, near: tuple | None = None, spill_dir: str | None = None):
         super().__init__()
+        self._spill_dir = spill_dir
         self._seed = seed
         self._validation_fraction = validation_fraction
         self._num_shards = num_shards
         self._source_of_input = source_of_input
+        self._near = near
 
     def expand(self, batches):
-        return (
-            batches
-            | "KeyByContent" >> beam.FlatMap(key_by_content, self._seed, self._num_shards)
+        parts = batches | "KeyByContent" >> beam.FlatMap(key_by_content, self._seed, self._num_shards) \
             .with_output_types(tuple[int, DedupPart])
-            | "GroupByContent" >> beam.GroupByKey()
-            | "KeepOneCopy" >> beam.FlatMap(drop_duplicates, self._seed, self._validation_fraction,
-                                            self._source_of_input)
+        counted = []
+        if self._near is None:
+            grouped = parts | "GroupByContent" >> beam.GroupByKey()
+        else:
+            settings, threshold = self._near
+            decisions, near_counts = batches | "FindNearDuplicates" >> FindNearDuplicates(
+                settings, threshold, self._seed, self._validation_fraction, self._num_shards, self._spill_dir)
+            counted.append(near_counts)
+            grouped = {"parts": parts, "decisions": decisions} | "GroupByContent" >> beam.CoGroupByKey()
+        distinct = grouped | "KeepOneCopy" >> beam.FlatMap(
+            drop_duplicates, self._seed, self._validation_fraction, self._source_of_input) \
             .with_outputs(COUNTS, main="batches")
-        )
+        counts = distinct[COUNTS]
+        if counted:
+            counts = (counts, *counted) | "DedupCounts" >> beam.Flatten()
+        return Deduplicated(distinct.batches, counts)

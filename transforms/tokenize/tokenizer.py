@@ -20,8 +20,8 @@ import numpy as np
 from transforms.progress import ProgressFile, show_document_lengths
 from transforms.read.inputs import PARQUET, absolute, format_of
 from transforms.records import DocumentBatch, TokenizedBatch, narrowest_ids
-from transforms.tokenize import backends
-from transforms.tokenize.dedup import content_digests
+from transforms.tokenize import backends, minhash
+from transforms.tokenize.dedup import content_digests, digests_of
 from transforms.write_behind import WriteBehind
 
 BYTES = "bytes"
@@ -201,11 +201,12 @@ def sample_check(batch: DocumentBatch, ids: np.ndarray, lengths: np.ndarray, enc
 
 
 def tokenize_batch(batch: DocumentBatch, encoder, info: TokenizerInfo, reference=None,
-                   digests: bool = False, checks=None) -> TokenizedBatch:
+                   digests: bool = False, checks=None, near: minhash.MinHashSettings | None = None) -> TokenizedBatch:
     """Tokenizes a batch; documents that tokenize to nothing are dropped and counted. With
-    `digests` (--dedup exact), each kept document's content digest comes along. With a
-    `reference`, the batch's guard sample is compared with it: here, or given `checks` (a
-    function taking the comparison), wherever that runs it."""
+    `digests` (--dedup exact), each kept document's content digest comes along; with `near`
+    (--dedup near), its digest and its MinHash signature. With a `reference`, the batch's
+    guard sample is compared with it: here, or given `checks` (a function taking the
+    comparison), wherever that runs it."""
     ids, lengths = encoder(batch.texts)
     if reference is not None:
         compare = sample_check(batch, ids, lengths, encoder, reference, info)
@@ -214,14 +215,25 @@ def tokenize_batch(batch: DocumentBatch, encoder, info: TokenizerInfo, reference
     top = int(ids.max()) if ids.size else -1
     check_id_limit(top, info.spec)
     kept = lengths > 0
+    ids = narrowest_ids(ids, top)
+    signatures = None
+    if near is not None:  # each kept text encoded once, for its digest and its words
+        encoded = [t.encode("utf-8") for t, k in zip(batch.texts, kept.tolist()) if k]
+        document_digests = digests_of(encoded)
+        signatures = minhash.batch_signatures(near, encoded, ids, lengths[kept])
+    elif digests:
+        document_digests = content_digests([t for t, k in zip(batch.texts, kept.tolist()) if k])
+    else:
+        document_digests = None
     return TokenizedBatch(
         file_key=batch.file_key,
         split=batch.split,
         offsets=batch.offsets[kept],
         lengths=lengths[kept],
-        ids=narrowest_ids(ids, top),
+        ids=ids,
         empty=int(np.count_nonzero(~kept)),
-        digests=content_digests([t for t, k in zip(batch.texts, kept.tolist()) if k]) if digests else None,
+        digests=document_digests,
+        signatures=signatures,
     )
 
 
@@ -236,9 +248,10 @@ class TokenizeBatches(beam.DoFn):
     is used after that."""
 
     def __init__(self, info: TokenizerInfo, storage_options: dict | None = None, progress_dir: str | None = None,
-                 digests: bool = False):
+                 digests: bool = False, near: minhash.MinHashSettings | None = None):
         self._info = info
         self._digests = digests
+        self._near = near
         self._storage_options = storage_options
         self._progress_dir = progress_dir
         self._encoder = self._reference = self._progress = self._checker = None
@@ -256,7 +269,8 @@ class TokenizeBatches(beam.DoFn):
             self._checker.forget()
 
     def process(self, batch: DocumentBatch):
-        tokenized = tokenize_batch(batch, self._encoder, self._info, self._reference, self._digests, self._check)
+        tokenized = tokenize_batch(batch, self._encoder, self._info, self._reference, self._digests, self._check,
+                                   self._near)
         self._progress.add(tokens=int(tokenized.ids.size))
         show_document_lengths(tokenized.lengths, tokenized.empty)
         yield tokenized

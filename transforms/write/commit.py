@@ -24,10 +24,29 @@ def dataset_stats(counts: dict, layout: dict) -> dict:
     }
     # --min_tokens, --max_tokens: present when the job limits lengths (transforms/tokenize/lengths.py)
     stats.update({key: counts[key] for key in LENGTH_COUNTS if key in counts})
+    if "near_duplicates" in counts:  # --dedup near
+        stats["near_duplicates"] = counts["near_duplicates"]
+        stats["near_dedup"] = near_dedup_stats(counts)
     for split in SPLITS:
         s = layout[split]
         stats[split] = {"sequences": s.sequences, "tokens": s.tokens, "max_token_id": max(s.max_token_id, 0)}
     return stats
+
+
+def near_dedup_stats(counts: dict) -> dict:
+    """--dedup near: the clusters found and the estimated share of wrong removals."""
+    removed = counts.get("near_duplicates", 0)
+    expected = counts.get("near_expected_false_positives_micro", 0) / 1e6
+    return {
+        "clusters": counts.get("near_clusters", 0),  # texts with near-copies, grouped; one kept of each
+        "clustered_texts": counts.get("near_clustered_documents", 0),
+        "removed": removed,
+        "candidate_pairs": counts.get("near_candidate_pairs", 0),
+        "verified_pairs": counts.get("near_verified_pairs", 0),  # at the threshold: near-copies
+        "linked_pairs": counts.get("near_linked_pairs", 0),  # at threshold - 0.1: kept in one split
+        "estimated_false_positive_rate": round(expected / removed, 6) if removed else 0.0,
+        "unconverged_edges": counts.get("near_unconverged_edges", 0),
+    }
 
 
 def check_accounts(stats: dict, chunks_written: dict, target: StoreTarget, counts: dict | None = None,
@@ -40,11 +59,12 @@ def check_accounts(stats: dict, chunks_written: dict, target: StoreTarget, count
         raise RuntimeError(f"line accounting failed: {stats['lines']} lines read, but {stats['documents']} "
                            f"documents + {stats['blank']} blank + {stats['rejected']} rejected")
     if mixture is None:
-        written = (stats["empty"] + stats["duplicates"] + stats.get(TOO_SHORT, 0)
+        written = (stats["empty"] + stats["duplicates"] + stats.get("near_duplicates", 0) + stats.get(TOO_SHORT, 0)
                    + sum(stats[s]["sequences"] for s in SPLITS) - stats.get(EXTRA_SEQUENCES, 0))
         if written != stats["documents"]:
             raise RuntimeError(f"document accounting failed: {stats['documents']} documents read, but "
-                               f"{written} written (less their extra pieces), empty, too short or duplicates")
+                               f"{written} written (less their extra pieces), empty, too short, duplicates or "
+                               f"near-duplicates")
     else:
         check_mixture_accounts(stats, counts, mixture)
     for split in SPLITS:
@@ -68,6 +88,10 @@ def check_mixture_accounts(stats: dict, counts: dict, mixture: mix.Mixture) -> N
                 raise RuntimeError(f"mixture accounting failed: the sources' {split} {what} add up to "
                                    f"{per_source[f'{split}_{what}']}, but the {split} split holds "
                                    f"{stats[split][what]}")
+    near = sum(counts.get(mix.source_key(i, mix.NEAR_DUPLICATES), 0) for i in range(n))
+    if near != stats.get(mix.NEAR_DUPLICATES, 0):
+        raise RuntimeError(f"mixture accounting failed: the sources' near-duplicates add up to {near}, "
+                           f"but the input has {stats.get(mix.NEAR_DUPLICATES, 0)}")
     for what in (mix.DOCUMENTS, mix.EMPTY, mix.DUPLICATES, mix.TOO_SHORT, mix.EXTRA_SEQUENCES):
         if per_source[what] != stats.get(what, 0):
             raise RuntimeError(f"mixture accounting failed: the sources' {what} add up to {per_source[what]}, "
@@ -105,6 +129,9 @@ class CommitFn(beam.DoFn):
         if self._mixture is not None:
             root["mixture"] = mix.report(self._mixture, counts)
             stats["duplicates_by_source"] = {s["name"]: s[mix.DUPLICATES] for s in root["mixture"]["sources"]}
+            if "near_duplicates" in stats:
+                stats["near_duplicates_by_source"] = {s["name"]: s[mix.NEAR_DUPLICATES]
+                                                      for s in root["mixture"]["sources"]}
         splits = {s: {"max_token_id": stats[s]["max_token_id"]} for s in SPLITS}
         store.commit(self._target, root, splits)
         if self._area is not None:

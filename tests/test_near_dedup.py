@@ -1,0 +1,288 @@
+"""Near-duplicate removal (--dedup near), measured against brute force.
+
+Near-copies are planted in real text (the sample's docstrings): each picked document gets up
+to three variants with words replaced, inserted or deleted, a header line added or its lines
+re-wrapped, so their Jaccard similarities to it spread over 0.5 to 1. The Jaccard similarity
+of every pair of the corpus is then computed exactly, here, from word 5-gram sets (words as
+the pipeline's README defines them; nothing of the pipeline's code is used), and the
+pipeline's output is scored against it: recall on the pairs at or above threshold + 0.05,
+precision of the removals (a removed text has a kept text at or above threshold - 0.1), and
+no pair at or above the threshold across train and validation."""
+import json
+import random
+import re
+from collections import Counter, defaultdict
+from itertools import combinations
+
+import numpy as np
+import pytest
+import zarr
+
+from tests.helpers import SAMPLE, check_flat_tokens, run_pipeline, write_jsonl
+from tests.test_resume import dataset_digest, kill_when, resume, staged_now, units_staged
+from transforms.tokenize import minhash
+from transforms.tokenize.near_dedup import candidate_pairs, components, large_star, small_star
+
+THRESHOLD = 0.8
+MULTI = ["--direct_num_workers=2", "--direct_running_mode=multi_processing"]
+WORD = re.compile(rb"[0-9A-Za-z_\x80-\xff]+")
+
+
+def shingles(text: str, n: int = 5) -> set:
+    """Word n-grams: runs of ASCII letters, digits, `_` and non-ASCII bytes, ASCII lowercased."""
+    words = [w.lower() for w in WORD.findall(text.encode("utf-8"))]
+    return {tuple(words[i:i + n]) for i in range(len(words) - n + 1)}
+
+
+def all_pairs_jaccard(texts: list[str]) -> dict:
+    """(i, j) -> exact Jaccard similarity, for every pair i < j sharing a shingle (the others: 0)."""
+    sets = [shingles(t) for t in texts]
+    holders = defaultdict(list)
+    for i, s in enumerate(sets):
+        for g in s:
+            holders[g].append(i)
+    shared = Counter()
+    for docs in holders.values():
+        shared.update(combinations(docs, 2))
+    return {(i, j): n / (len(sets[i]) + len(sets[j]) - n) for (i, j), n in shared.items()}
+
+
+def edited(text: str, rng: random.Random, rate: float) -> str:
+    """`text` with about `rate` of its words replaced, dropped or doubled, and maybe a header
+    line added or its lines re-wrapped (which changes no word 5-gram)."""
+    words = text.split(" ")
+    out = []
+    for w in words:
+        r = rng.random()
+        if r < rate / 3:
+            out.append(f"edit{rng.randrange(10**6)}")
+        elif r < 2 * rate / 3:
+            continue
+        elif r < rate:
+            out += [w, w]
+        else:
+            out.append(w)
+    variant = " ".join(out)
+    if rng.random() < 0.3:
+        variant = f"Mirror {rng.randrange(1000)} of this page\n\n" + variant
+    if rng.random() < 0.3:
+        variant = variant.replace("\n", " ").replace(". ", ".\n")
+    return variant
+
+
+def planted_corpus(seed: int = 7) -> list[str]:
+    """The sample's texts, and 1 to 3 near-copies of 220 of the longer ones, shuffled."""
+    rng = random.Random(seed)
+    texts = [json.loads(line)["text"] for p in sorted(SAMPLE.glob("*.jsonl")) for line in open(p, encoding="utf-8")]
+    originals = rng.sample([t for t in texts if len(shingles(t)) >= 60], 220)
+    # Most variants close to their original (Jaccard 0.75 to 1), a quarter further (0.4 to 0.8).
+    variants = [edited(t, rng, rng.uniform(0, 0.03) if rng.random() < 0.75 else rng.uniform(0.03, 0.1))
+                for t in originals for _ in range(rng.choice((1, 1, 2, 3)))]
+    corpus = texts + variants
+    rng.shuffle(corpus)
+    return corpus
+
+
+def written_texts(out, split: str) -> list[str]:
+    """The texts of a split's sequences (the bytes tokenizer: id = byte + 1)."""
+    g = zarr.open_group(str(out), mode="r")[split]
+    tokens, starts = (g["encoded_tokens"][:] >> 1) - 1, g["seq_starts"][:]
+    return [bytes(tokens[a:b].astype(np.uint8)).decode("utf-8") for a, b in zip(starts[:-1], starts[1:])]
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory):
+    root = tmp_path_factory.mktemp("near")
+    corpus = planted_corpus()
+    write_jsonl(root / "in" / "a.jsonl", corpus[:len(corpus) // 2])
+    write_jsonl(root / "in" / "b.jsonl", corpus[len(corpus) // 2:])
+    args = ["--input", root / "in", "--tokenizer", "bytes", "--dedup", "near", "--validation_fraction", "0.3",
+            "--seed", "3", "--rejected_output", root / "rejected"]
+    out = root / "out.zarr"
+    run_pipeline(*args, "--output", out)
+    return root, corpus, args, out
+
+
+def test_near_copies_are_found_as_brute_force_jaccard_says(planted):
+    _, corpus, _, out = planted
+    texts = sorted({t for t in corpus if t})  # what exact dedup leaves
+    jaccard = all_pairs_jaccard(texts)
+    train, validation = written_texts(out, "train"), written_texts(out, "validation")
+    kept = set(train) | set(validation)
+    assert len(kept) == len(train) + len(validation) and kept <= set(texts)
+    index = {t: i for i, t in enumerate(texts)}
+
+    close = [(i, j) for (i, j), s in jaccard.items() if s >= THRESHOLD + 0.05]
+    assert len(close) >= 150, "the planted variants make enough near-copy pairs to measure"
+    found = [not (texts[i] in kept and texts[j] in kept) for i, j in close]
+    recall = sum(found) / len(close)
+    assert recall >= 0.95, recall
+
+    near = defaultdict(list)
+    for (i, j), s in jaccard.items():
+        near[i].append((j, s))
+        near[j].append((i, s))
+    removed = [index[t] for t in texts if t not in kept]
+    justified = [any(texts[j] in kept and s >= THRESHOLD - 0.1 for j, s in near[r]) for r in removed]
+    precision = sum(justified) / len(removed)
+    assert precision >= 0.95, precision
+
+    train_ids, validation_ids = {index[t] for t in train}, {index[t] for t in validation}
+    across = [(i, j) for (i, j), s in jaccard.items() if s >= THRESHOLD
+              and ({i, j} & train_ids) and ({i, j} & validation_ids)]
+    assert across == []
+    assert 0.2 < len(validation) / len(kept) < 0.4
+
+    attrs = zarr.open_group(str(out), mode="r").attrs
+    assert attrs["dedup"] == "near" and attrs["near_dedup"] == {
+        "threshold": THRESHOLD, "shingle": "words", "shingle_size": 5, "hashes": 256, "bands": 32}
+    stats = attrs["stats"]
+    assert stats["near_duplicates"] == len(removed) > 100
+    assert stats["documents"] == stats["empty"] + stats["duplicates"] + stats["near_duplicates"] + len(kept)
+    near_stats = stats["near_dedup"]
+    assert near_stats["removed"] == len(removed)
+    assert near_stats["clustered_texts"] - near_stats["clusters"] == len(removed)
+    assert near_stats["verified_pairs"] <= near_stats["candidate_pairs"]
+    assert 0 <= near_stats["estimated_false_positive_rate"] <= 1 - precision + 0.02
+
+
+@pytest.mark.slow
+def test_the_output_is_the_same_on_two_worker_processes_and_other_shards(planted):
+    root, _, args, out = planted
+    other = root / "multi.zarr"
+    run_pipeline(*args, "--output", other, "--num_shards", "5", "--batch_documents", "100", *MULTI)
+    check_flat_tokens(other, "--compare", out)
+
+
+@pytest.mark.slow
+def test_with_a_mixture_near_copies_are_counted_per_source_and_kept_from_the_first(tmp_path):
+    """Near-copies of the first source's texts in the second: the first's are kept (the
+    earliest input), the removed ones are credited to the second, and every source's
+    documents add up at commit (documents = empty + duplicates + near_duplicates + written)."""
+    rng = random.Random(2)
+    texts = [json.loads(line)["text"] for line in open(SAMPLE / "corpus-2.jsonl", encoding="utf-8")]
+    longer = [t for t in texts[:300] if len(shingles(t)) >= 100][:60]
+    copies = [edited(t, rng, 0.01) for t in longer]
+    copies = [c for c, t in zip(copies, longer) if c != t and len(shingles(c) & shingles(t))
+              / len(shingles(c) | shingles(t)) >= THRESHOLD + 0.05]
+    write_jsonl(tmp_path / "first.jsonl", texts[:300])
+    write_jsonl(tmp_path / "second.jsonl", texts[300:] + copies)
+    (tmp_path / "mix.json").write_text(json.dumps({"sources": [
+        {"name": "first", "input": "first.jsonl", "weight": 1, "max_epochs": 2},
+        {"name": "second", "input": "second.jsonl", "weight": 1, "max_epochs": 2}]}))
+    out = tmp_path / "out.zarr"
+    run_pipeline("--mixture", tmp_path / "mix.json", "--dedup", "near", "--tokenizer", "bytes", "--output", out,
+                 "--validation_fraction", "0.1")
+    written = set(written_texts(out, "train")) | set(written_texts(out, "validation"))
+    assert len(copies) >= 30 and not set(copies) & written and set(longer) <= written
+    stats = zarr.open_group(str(out), mode="r").attrs["stats"]
+    by_source = stats["near_duplicates_by_source"]
+    assert sum(by_source.values()) == stats["near_duplicates"] and by_source["second"] >= len(copies)
+    sources = zarr.open_group(str(out), mode="r").attrs["mixture"]["sources"]
+    assert [s["near_duplicates"] for s in sources] == [by_source["first"], by_source["second"]]
+
+
+@pytest.mark.slow
+def test_a_portable_runners_workers_make_the_same_bytes(planted, tmp_path):
+    """On an EXTERNAL worker pool (no disk shared with the launcher: signatures travel in the
+    node parts, ids in the dedup parts) the output is the in-process run's."""
+    from tests.beam_services import portable_services
+    root, _, args, out = planted
+    with portable_services(tmp_path / "services") as services:
+        run_pipeline(*args, "--output", tmp_path / "portable.zarr", *services.pipeline_args, env=services.env,
+                     timeout=600)
+    check_flat_tokens(tmp_path / "portable.zarr", "--compare", out)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("moment", ["units staged", "shards written"])
+def test_a_killed_run_resumes_to_the_same_bytes(planted, tmp_path, moment):
+    root, _, args, ref = planted
+    args = [*args, "--batch_documents", "40", "--read_range_mb", "1", "--num_shards", "4",
+            "--tokens_chunk_size", "4096"]
+    run_pipeline(*args, "--output", tmp_path / "ref.zarr")
+    out = tmp_path / "out.zarr"
+    if moment == "units staged":
+        kill_when(args, out, lambda: units_staged(out) >= 1)
+    else:
+        kill_when(args, out, lambda: len(list((out / ".flat-tokens-staging").glob("shards/*/*.rec"))) >= 2)
+    units, chunks = staged_now(out)
+    reused = resume(args, out, tmp_path / "summary.json")
+    assert reused["input_units"] == units and units
+    assert dataset_digest(out) == dataset_digest(tmp_path / "ref.zarr")
+
+
+# ---------------------------------------------------------------------------------------------
+# the parts, without a runner
+
+def test_signatures_estimate_jaccard_within_their_standard_deviation():
+    rng = random.Random(1)
+    texts = [json.loads(line)["text"] for line in open(SAMPLE / "corpus-1.jsonl", encoding="utf-8")]
+    errors = []
+    for t in [t for t in texts if len(shingles(t)) >= 100][:120]:
+        v = edited(t, rng, rng.uniform(0, 0.1))
+        a, b = shingles(t), shingles(v)
+        exact = len(a & b) / len(a | b)
+        s = minhash.batch_signatures(minhash.MinHashSettings(), [t.encode(), v.encode()], None, None)
+        errors.append(minhash.estimated_jaccard(s[:1], s[1:])[0] - exact)
+    errors = np.array(errors)
+    assert abs(errors.mean()) < 0.01 and errors.std() < 0.04, (errors.mean(), errors.std())
+
+
+def test_token_shingles_skip_the_n_grams_across_documents():
+    """Two documents whose tokens differ only in that the second starts with the first's last
+    tokens: no n-gram spans the boundary, and a document shorter than n has no signature."""
+    ids = np.array([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15], dtype=np.uint16)
+    alone = minhash.signatures(ids, np.array([15]), 5, 64)
+    split = minhash.signatures(ids, np.array([8, 2, 5]), 5, 64)
+    first = minhash.signatures(ids[:8], np.array([8]), 5, 64)
+    last = minhash.signatures(ids[10:], np.array([5]), 5, 64)
+    assert np.array_equal(split[0], first[0]) and np.array_equal(split[2], last[0])
+    assert (split[1] == minhash.EMPTY).all() and minhash.signed(split).tolist() == [True, False, True]
+    assert not np.array_equal(alone[0], first[0])
+
+
+def test_components_converge_by_stars_and_union_find_agrees():
+    """A path of 40 nodes (the worst case for label propagation) and random graphs: rounds of
+    large-star and small-star end in stars pointing at each component's smallest node, and
+    union-find (the convergence fallback) gives the same components."""
+    from transforms.records import Edges
+
+    def run_rounds(src, dst, rounds):
+        edges = [(0, Edges(np.concatenate([src, dst]), np.concatenate([dst, src])))]
+        for _ in range(rounds):
+            edges = [(0, e) for _, e in large_star((0, [e for _, e in edges]))]
+            edges = [(0, e) for _, e in small_star((0, [e for _, e in edges]))]
+        a = np.concatenate([e.a for _, e in edges])
+        b = np.concatenate([e.b for _, e in edges])
+        return a[a > b], b[a > b]
+
+    rng = np.random.default_rng(0)
+    graphs = [(np.arange(1, 40, dtype=np.uint64), np.arange(0, 39, dtype=np.uint64))]
+    for _ in range(5):
+        src, dst = rng.integers(0, 300, 250).astype(np.uint64), rng.integers(0, 300, 250).astype(np.uint64)
+        graphs.append((src[src != dst], dst[src != dst]))
+    for src, dst in graphs:
+        nodes, roots = components(src, dst)
+        expected = dict(zip(nodes.tolist(), roots.tolist()))
+        child, parent = run_rounds(src, dst, 8)
+        got = dict(zip(child.tolist(), parent.tolist()))
+        assert got == {n: r for n, r in expected.items() if n != r}
+
+
+def test_which_pairs_a_crowded_band_compares_does_not_depend_on_node_ids():
+    """A band shared by more nodes than are paired each with each (30 here): the pairs come
+    from the nodes' content, not their ids, which change with the number of shards."""
+    from transforms.records import BandPart
+
+    rng = np.random.default_rng(3)
+    digests = rng.integers(0, 2**63, 30, dtype=np.uint64)
+    found = []
+    for shards in (1, 7):
+        ids = (rng.integers(0, shards, 30).astype(np.uint64) << np.uint64(32)) | np.arange(30, dtype=np.uint64)
+        parts = [BandPart(np.full(m.size, 42, np.uint64), ids[m], digests[m]) for m in np.array_split(np.arange(30), 4)]
+        requests = [e for _, e in candidate_pairs((0, parts))]
+        by_id = dict(zip(ids.tolist(), digests.tolist()))
+        found.append({frozenset((by_id[a], by_id[b])) for e in requests for a, b in zip(e.a.tolist(), e.b.tolist())})
+    assert found[0] == found[1] and len(found[0]) == 16 * 15 // 2 + 14 * 16
+

@@ -1,0 +1,610 @@
+"""FindNearDuplicates (--dedup near): signed documents -> for every text linked to another,
+whether it is kept or removed, and the split of its whole cluster.
+
+    key every signed document by its dedup shard -> merge each text's copies into one node
+    -> key every node by its band hashes -> pairs of nodes that share a band (candidates)
+    -> fetch both nodes of each pair -> keep the pairs whose signatures agree enough
+    -> connected components of the kept pairs, in rounds -> in each component, the texts
+    kept and its split -> decisions, keyed by dedup shard (dedup.DropDuplicates applies them
+    in the group where it merges each text's copies)
+
+Nodes. A node is a distinct text (its copies merged, as exact dedup merges them), numbered
+`dedup shard << 32 | row` in its shard's node table (rows in digest order): ids are small,
+unique and a pure function of the input. Documents without a signature (fewer words than the
+shingle size) are not nodes. On local runs a node part names rows of its batch's signature
+file in the spill directory rather than carrying 512 bytes per copy through the runner.
+
+Candidates. The nodes that share a band hash (of their densified signatures: minhash.py)
+are candidate pairs, each with each; a band shared by more than HUBS nodes pairs each with
+the HUBS smallest only, so candidates grow linearly with a band's members. Both nodes of a
+pair are fetched from their node tables, once per pair whichever bands found it.
+
+Verification. A pair is a near-copy when its signatures agree on at least ceil(threshold *
+m) of the m bins filled in either (minhash.agreement: the one-permutation estimate of their
+Jaccard similarity, exact for short texts up to hash collisions); an integer test, the same
+everywhere. Exact Jaccard would need both documents' shingles at the pair, a second shuffle
+of the corpus's tokens. A pair at threshold - LINK_MARGIN or more is *linked*: its texts go
+to one split, so a near-copy that the estimate put just below the threshold (and that is
+therefore kept) still cannot land across train and validation.
+
+Components. Large-star and small-star steps alternate (Kiveris et al., "Connected Components
+in MapReduce and Beyond", SoCC 2014), each a group-by of edge arrays keyed by node shard:
+every step keeps each component connected, and they converge to stars, each node pointing at
+its component's smallest node. ROUNDS rounds run (the graph is fixed when the job is built);
+then every node is checked: one with two parents, or with a parent and children, is not
+converged yet, and the edges at such nodes (normally none) are finished by union-find on one
+worker, whose memory is that of those edges only; the counts say how many there were.
+
+Kept texts and split. Each linked component meets whole at its smallest node's shard. Its
+near-copy pairs make clusters; each cluster keeps the text with the smallest rank (the
+earliest input on the command line or in the mixture, then the longest in tokens, then the
+smallest content digest: nothing that depends on the number of shards) and removes the
+others. The component's split is validation when any copy of any member was read from a
+validation input, else, when any copy was read from an input split by --validation_fraction,
+the seeded content hash of its first member decides (as it decides alone for a text without
+near-copies), else train.
+
+Every step works on arrays of many nodes or edges at once, never element by element.
+"""
+import hashlib
+import math
+import os
+import uuid
+
+import apache_beam as beam
+import numpy as np
+
+from transforms import hashing
+from transforms.read.inputs import input_index
+from transforms.records import BandPart, Edges, NearDecisions, NodePart, Nodes, TokenizedBatch
+from transforms.segments import groups_of
+from transforms.tokenize import minhash
+from transforms.write_behind import WriteBehind
+
+TRAIN, AUTO, VALIDATION = 0, 1, 2  # a text's vote for its split: the largest of its copies' wins
+ROUNDS = 4  # rounds of large-star + small-star before the convergence check
+HUBS = 16  # nodes sharing a band: all pairs up to this many, then pairs with the first HUBS only
+COUNTS = "counts"
+NODES = "nodes"
+NEAR = "near"
+LINK_MARGIN = 0.1  # pairs this far below the threshold still put their texts in one split
+STARS, RESIDUAL = "stars", "residual"
+# The count dicts' keys (summed by the job's SumCounts; the commit reports them).
+CANDIDATE_PAIRS = "near_candidate_pairs"
+VERIFIED_PAIRS = "near_verified_pairs"
+LINKED_PAIRS = "near_linked_pairs"
+CLUSTERS = "near_clusters"
+CLUSTERED = "near_clustered_documents"
+FALSE_POSITIVES_MICRO = "near_expected_false_positives_micro"  # expected count, in millionths
+UNCONVERGED_EDGES = "near_unconverged_edges"
+FALSE_POSITIVE_MARGIN = 0.1  # a removed text "has no near-copy" below threshold - this
+
+_LENGTH_BITS = 40
+_ROW_BITS = 32
+_ROW_MASK = np.uint64((1 << _ROW_BITS) - 1)
+
+
+def vote_of(split: str) -> int:
+    return {"train": TRAIN, "auto": AUTO, "validation": VALIDATION}[split]
+
+
+def rank_of(file_key: str, lengths: np.ndarray) -> np.ndarray:
+    """uint64 ranks of a batch's documents: the input index, then the longest first."""
+    longest_first = (1 << _LENGTH_BITS) - 1 - np.minimum(lengths, (1 << _LENGTH_BITS) - 1).astype(np.uint64)
+    index = min(input_index(file_key), (1 << (64 - _LENGTH_BITS)) - 1)
+    return (np.uint64(index) << np.uint64(_LENGTH_BITS)) | longest_first
+
+
+def shard_of_node(ids: np.ndarray) -> np.ndarray:
+    return (ids >> np.uint64(_ROW_BITS)).astype(np.int64)
+
+
+def _sorted_unique(*columns: np.ndarray) -> np.ndarray:
+    """Indices of the distinct rows of `columns` (uint64 each), sorted by the first column, then
+    the second, ..."""
+    if columns[0].size == 0:
+        return np.empty(0, dtype=np.int64)
+    order = np.lexsort(columns[::-1])
+    first = np.ones(order.size, dtype=bool)
+    first[1:] = np.any(np.stack([c[order][1:] != c[order][:-1] for c in columns]), axis=0)
+    return order[first]
+
+
+def _run_starts(keys: np.ndarray) -> np.ndarray:
+    """Where each run of equal (sorted) keys starts."""
+    if keys.size == 0:
+        return np.empty(0, dtype=np.int64)
+    return np.flatnonzero(np.concatenate([[True], keys[1:] != keys[:-1]]))
+
+
+# ---------------------------------------------------------------------------------------------
+# nodes
+
+class KeyNodes(beam.DoFn):
+    """TokenizedBatch -> (dedup shard, NodePart) for the signed documents of the batch. With a
+    spill directory (local runs: transforms/shuffle/spill.py has the why), the batch's
+    signatures are written to a file there, on a thread, and the parts name its rows."""
+
+    def __init__(self, seed: int, num_shards: int, spill_dir: str | None = None):
+        self._seed = seed
+        self._num_shards = num_shards
+        self._spill_dir = spill_dir
+        self._writer = None
+
+    def setup(self):
+        if self._spill_dir:
+            self._writer = WriteBehind("flat-tokens-signatures")
+
+    def start_bundle(self):
+        if self._writer:
+            self._writer.forget()
+
+    def process(self, batch: TokenizedBatch):
+        signed = np.flatnonzero(minhash.signed(batch.signatures))
+        if signed.size == 0:
+            return
+        digests, signatures = batch.digests[signed], batch.signatures[signed]
+        ranks = rank_of(batch.file_key, batch.lengths[signed])
+        votes = np.full(signed.size, vote_of(batch.split), dtype=np.int8)
+        path = None
+        if self._writer:
+            path = os.path.join(self._spill_dir, signature_file_name(batch.file_key, int(batch.offsets[0])))
+            self._writer.submit(write_whole, path, np.ascontiguousarray(signatures))
+        for shard, members in groups_of(hashing.content_shards(digests, self._seed, self._num_shards)):
+            keys = (digests[members], ranks[members], votes[members])
+            if path is None:
+                yield int(shard), NodePart(*keys, signatures=signatures[members])
+            else:
+                yield int(shard), NodePart(*keys, signature_file=path, rows=members.astype(np.uint32),
+                                           file_rows=signed.size, hashes=signatures.shape[1])
+
+    def finish_bundle(self):
+        if self._writer:
+            self._writer.wait()
+
+    def teardown(self):
+        if self._writer:
+            self._writer.close()
+
+
+def signature_file_name(file_key: str, first_offset: int) -> str:
+    """The signature file of the batch that starts at byte `first_offset` of input `file_key`:
+    a pure function of the batch, so a retried bundle writes the same bytes to the same name."""
+    return f"{hashlib.blake2b(file_key.encode('utf-8'), digest_size=8).hexdigest()}-{first_offset:016x}.signatures"
+
+
+def write_whole(path: str, values: np.ndarray) -> None:
+    """Under a temporary name, then renamed into place: a reader never sees half a file."""
+    temporary = f"{path}.{uuid.uuid4().hex}.tmp"
+    with open(temporary, "wb") as f:
+        f.write(values.data)
+    os.replace(temporary, path)
+
+
+def node_table(keyed_parts):
+    """(shard, NodeParts) -> (shard, Nodes: one per distinct text, in digest order), with the
+    smallest rank and the largest vote of its copies."""
+    shard, parts = keyed_parts
+    parts = list(parts)
+    digests = np.concatenate([p.digests for p in parts])
+    ranks = np.concatenate([p.ranks for p in parts])
+    order = np.lexsort((ranks, digests[:, 1], digests[:, 0]))
+    starts = np.flatnonzero(np.concatenate([[True], np.any(digests[order][1:] != digests[order][:-1], axis=1)]))
+    first = order[starts]  # each text's copy of the smallest rank
+    # Only those copies' signatures are read: one signature file mapped at a time.
+    part_of = np.repeat(np.arange(len(parts)), [p.ranks.size for p in parts])
+    offset = np.cumsum([p.ranks.size for p in parts]) - [p.ranks.size for p in parts]
+    signatures = np.empty((first.size, parts[0].hashes or parts[0].signatures.shape[1]), dtype=np.uint16)
+    for part, chosen in groups_of(part_of[first]):
+        signatures[chosen] = parts[part].signatures_of(first[chosen] - offset[part])
+    votes = np.maximum.reduceat(np.concatenate([p.votes for p in parts])[order], starts)
+    ids = (np.uint64(shard) << np.uint64(_ROW_BITS)) | np.arange(first.size, dtype=np.uint64)
+    yield shard, Nodes(ids, digests[first], ranks[first], votes, signatures)
+
+
+# ---------------------------------------------------------------------------------------------
+# candidates
+
+def key_by_band(keyed_table, bands: int, rows: int, num_shards: int):
+    """(shard, node table) -> (band shard, BandPart) for each band shard its nodes' bands hit."""
+    _, table = keyed_table
+    hashes = minhash.band_hashes(table.signatures, bands, rows).ravel()
+    nodes, order_keys = np.repeat(table.ids, bands), np.repeat(table.digests[:, 0], bands)
+    for shard, members in groups_of(hashing.shard_of(hashes, num_shards)):
+        yield int(shard), BandPart(hashes[members], nodes[members], order_keys[members])
+
+
+def candidate_pairs(keyed_parts):
+    """(band shard, BandParts) -> requests for both nodes of each candidate pair: (dedup shard
+    of the node, Edges(a, b, b_side)), a < b. The nodes sharing a band hash are paired each
+    with each, up to HUBS of them; beyond, each of the others with the HUBS first by content
+    digest (not by node id: which pairs are compared must not depend on the shard count)."""
+    _, parts = keyed_parts
+    parts = list(parts)
+    hashes = np.concatenate([p.hashes for p in parts])
+    order = np.argsort(hashes, kind="stable")
+    hashes = hashes[order]
+    nodes = np.concatenate([p.nodes for p in parts])[order]
+    starts = _run_starts(hashes)
+    run_size = np.diff(np.append(starts, hashes.size))
+    # Members of runs of two or more (a few of all entries) in digest order, ties by node id.
+    shared = np.repeat(run_size > 1, run_size)
+    if shared.any():
+        keys = np.concatenate([p.order_keys for p in parts])[order]
+        within = np.flatnonzero(shared)
+        nodes[within] = nodes[within][np.lexsort((nodes[within], keys[within], hashes[within]))]
+    # The j-th node of a run is paired with the min(j, HUBS) nodes before it.
+    position = np.arange(hashes.size) - np.repeat(starts, run_size)
+    partners = np.minimum(position, HUBS)
+    first = np.cumsum(partners) - partners
+    a = nodes[np.repeat(np.repeat(starts, run_size), partners)
+              + np.arange(int(partners.sum())) - np.repeat(first, partners)]
+    b = np.repeat(nodes, partners)
+    a, b = np.minimum(a, b), np.maximum(a, b)
+    unique = _sorted_unique(a, b)
+    a, b = a[unique], b[unique]
+    for side, ends in ((False, a), (True, b)):
+        for shard, members in groups_of(shard_of_node(ends)):
+            yield int(shard), Edges(a[members], b[members], np.full(members.size, side))
+
+
+def _pair_buckets(a: np.ndarray, b: np.ndarray, num_shards: int) -> np.ndarray:
+    return hashing.shard_of(hashing.splitmix64(hashing.splitmix64(a) ^ b), num_shards)
+
+
+def attach_nodes(keyed, num_shards: int):
+    """(dedup shard, {tables, requests}) -> (pair bucket, Edges(a, b, b_side, the node asked for))."""
+    _, grouped = keyed
+    requests = list(grouped["requests"])
+    if not requests:
+        return
+    (table,) = list(grouped["tables"])
+    a = np.concatenate([r.a for r in requests])
+    b = np.concatenate([r.b for r in requests])
+    b_side = np.concatenate([r.b_side for r in requests])
+    # A pair that shares several bands is asked for by each band shard that found it: once is enough.
+    once = _sorted_unique(a, b, b_side.astype(np.uint64))
+    a, b, b_side = a[once], b[once], b_side[once]
+    wanted = np.where(b_side, b, a)
+    nodes = table.take((wanted & _ROW_MASK).astype(np.int64))
+    if not np.array_equal(nodes.ids, wanted):
+        raise RuntimeError("near-duplicate graph: a pair names a node its shard's table does not hold")
+    for bucket, members in groups_of(_pair_buckets(a, b, num_shards)):
+        yield int(bucket), Edges(a[members], b[members], b_side[members], nodes.take(members))
+
+
+def verify_pairs(keyed_halves, threshold: float):
+    """(pair bucket, halves) -> the pairs whose signatures agree on at least the threshold's
+    share of bins less LINK_MARGIN (linked: one split), both ways: (node shard, Edges(node,
+    neighbour)), for the components; tagged `near`: those at the threshold itself (near-copies),
+    (shard of a, Edges(a, b)); tagged `nodes`: (node shard, Nodes) of the linked pairs' nodes,
+    once each; tagged `counts`: pairs checked and near-copies found."""
+    _, halves = keyed_halves
+    halves = list(halves)
+    a = np.concatenate([h.a for h in halves])
+    b = np.concatenate([h.b for h in halves])
+    b_side = np.concatenate([h.b_side for h in halves])
+    nodes = Nodes.concatenate([h.nodes for h in halves])
+    # Each pair's two halves, a's then b's (attach_nodes sent each once).
+    kept = np.lexsort((b_side, b, a))
+    a_half, b_half = kept[0::2], kept[1::2]
+    if (a_half.size != b_half.size or not np.array_equal(a[a_half], a[b_half])
+            or not np.array_equal(b[a_half], b[b_half]) or b_side[a_half].any() or not b_side[b_half].all()):
+        raise RuntimeError("near-duplicate graph: a candidate pair arrived without both of its nodes")
+    first, second = nodes.take(a_half), nodes.take(b_half)
+    a, b = a[a_half], b[a_half]
+    same, filled = minhash.agreement(first.signatures, second.signatures)
+    near = same >= needed_agreement(threshold, filled)
+    linked = same >= needed_agreement(max(threshold - LINK_MARGIN, 0.0), filled)
+    yield from _keyed_by_node(a[linked], b[linked])
+    yield from _keyed_by_node(b[linked], a[linked])
+    for shard, members in groups_of(shard_of_node(a[near])):
+        yield beam.pvalue.TaggedOutput(NEAR, (int(shard), Edges(a[near][members], b[near][members])))
+    if linked.any():
+        both = Nodes.concatenate([first.take(linked), second.take(linked)])
+        once = both.take(_sorted_unique(both.ids))
+        for shard, members in groups_of(shard_of_node(once.ids)):
+            yield beam.pvalue.TaggedOutput(NODES, (int(shard), once.take(members)))
+    yield beam.pvalue.TaggedOutput(COUNTS, {CANDIDATE_PAIRS: int(a.size), VERIFIED_PAIRS: int(np.count_nonzero(near)),
+                                            LINKED_PAIRS: int(np.count_nonzero(linked))})
+
+
+def needed_agreement(threshold: float, filled: np.ndarray) -> np.ndarray:
+    """Bins two signatures must share, of the `filled` bins of either, for an estimated
+    similarity of at least `threshold`: ceil(threshold * filled), at least 1, rounded so that
+    a threshold given in decimal is not pushed up by its binary rounding."""
+    return np.maximum(np.ceil(np.round(threshold * np.asarray(filled, dtype=np.float64), 9)), 1).astype(np.int64)
+
+
+# ---------------------------------------------------------------------------------------------
+# connected components
+
+def _edges_of(parts) -> tuple[np.ndarray, np.ndarray]:
+    parts = list(parts)
+    src = np.concatenate([p.a for p in parts])
+    dst = np.concatenate([p.b for p in parts])
+    kept = _sorted_unique(src, dst)
+    return src[kept], dst[kept]
+
+
+def _keyed_by_node(src: np.ndarray, dst: np.ndarray):
+    for shard, members in groups_of(shard_of_node(src)):
+        yield int(shard), Edges(src[members], dst[members])
+
+
+def large_star(keyed_parts):
+    """(node shard, Edges(u, neighbour) both ways) -> each larger neighbour v of u linked to the
+    smallest of u's neighbourhood m: (shard of v, Edges(v, m)), v > m."""
+    _, parts = keyed_parts
+    src, dst = _edges_of(parts)
+    starts = _run_starts(src)
+    smallest = np.minimum(src[starts], dst[starts])  # dst is sorted within each u
+    m = np.repeat(smallest, np.diff(np.append(starts, src.size)))
+    larger = dst > src
+    yield from _keyed_by_node(dst[larger], m[larger])
+
+
+def small_star(keyed_parts):
+    """(node shard, Edges(u, smaller neighbour)) -> u and each of its smaller neighbours linked
+    to the smallest of them m, both ways: (node shard, Edges(x, m)) and (.., Edges(m, x))."""
+    _, parts = keyed_parts
+    src, dst = _edges_of(parts)
+    starts = _run_starts(src)
+    m = np.repeat(dst[starts], np.diff(np.append(starts, src.size)))
+    x = np.concatenate([dst[dst != m], src[starts]])
+    to = np.concatenate([m[dst != m], dst[starts]])
+    yield from _keyed_by_node(x, to)
+    yield from _keyed_by_node(to, x)
+
+
+def star_edges(keyed_parts):
+    """The last small star's output (both ways) -> (child, parent) edges with child > parent,
+    keyed by the shard of each end, tagged by which end it is (b_side: the key is the parent's)."""
+    _, parts = keyed_parts
+    src, dst = _edges_of(parts)
+    child = src > dst
+    c, p = src[child], dst[child]
+    for shard, members in groups_of(shard_of_node(c)):
+        yield int(shard), Edges(c[members], p[members], np.zeros(members.size, dtype=bool))
+    for shard, members in groups_of(shard_of_node(p)):
+        yield int(shard), Edges(c[members], p[members], np.ones(members.size, dtype=bool))
+
+
+def check_stars(keyed_parts):
+    """(node shard, the (child, parent) edges at its nodes) -> `stars`: the edges of children
+    that have one parent and no children, keyed by the parent's shard; `residual`: every edge
+    at a node that has two parents, or a parent and children (not converged yet)."""
+    shard, parts = keyed_parts
+    parts = list(parts)
+    c = np.concatenate([p.a for p in parts])
+    p = np.concatenate([q.b for q in parts])
+    about_parent = np.concatenate([q.b_side for q in parts])
+    mine = np.where(about_parent, p, c)  # the node of this shard each edge is about
+    kept = _sorted_unique(c, p, about_parent.astype(np.uint64))
+    c, p, about_parent, mine = c[kept], p[kept], about_parent[kept], mine[kept]
+    children_of = np.unique(p[about_parent])  # nodes of this shard that have children
+    as_child = ~about_parent
+    parents = np.unique(c[as_child], return_counts=True)
+    two_parents = parents[0][parents[1] > 1]
+    unconverged = np.union1d(two_parents, np.intersect1d(children_of, c[as_child]))
+    residual = np.isin(mine, unconverged)
+    if residual.any():
+        yield beam.pvalue.TaggedOutput(RESIDUAL, (0, Edges(c[residual], p[residual])))
+    star = as_child & ~residual
+    for shard_, members in groups_of(shard_of_node(p[star])):
+        yield beam.pvalue.TaggedOutput(STARS, (int(shard_), Edges(c[star][members], p[star][members])))
+
+
+def components(src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(nodes, the smallest node of each one's component) of an edge list, by union-find:
+    minimum labels propagated along edges, then pointer jumping, until nothing changes."""
+    nodes, index = np.unique(np.concatenate([src, dst]), return_inverse=True)
+    u, v = index[:src.size], index[src.size:]
+    label = np.arange(nodes.size)
+    while True:
+        before = label.copy()
+        np.minimum.at(label, u, label[v])
+        np.minimum.at(label, v, label[u])
+        label = label[label]
+        if np.array_equal(label, before):
+            return nodes, nodes[label]
+
+
+def finish_residual(keyed_parts):
+    """(one key, the unconverged edges) -> (node shard, Edges(node, its root)) for each of their
+    nodes but the roots, and the count of those edges."""
+    _, parts = keyed_parts
+    src, dst = _edges_of(parts)
+    if src.size == 0:
+        return
+    nodes, roots = components(src, dst)
+    moved = nodes != roots
+    yield from _keyed_by_node(nodes[moved], roots[moved])
+    yield beam.pvalue.TaggedOutput(COUNTS, {UNCONVERGED_EDGES: int(src.size)})
+
+
+def relabel(keyed):
+    """(node shard, {stars: (child, parent) keyed by the parent, roots: (node, root)}) ->
+    (shard of the child, Edges(child, its component's smallest node)) for every child."""
+    _, grouped = keyed
+    stars, roots = list(grouped[STARS]), list(grouped["roots"])
+    root_of, root = (_edges_of(roots) if roots else (np.empty(0, np.uint64), np.empty(0, np.uint64)))
+    yield from _keyed_by_node(root_of, root)
+    if stars:
+        c, p = _edges_of(stars)
+        at = np.searchsorted(root_of, p)
+        found = at < root_of.size
+        found[found] = root_of[at[found]] == p[found]
+        p = p.copy()
+        p[found] = root[at[found]]
+        yield from _keyed_by_node(c, p)
+
+
+def label_nodes(keyed):
+    """(node shard, {edges: (child, root), nodes: Nodes, near: near-copy pairs (a, b)}) ->
+    (shard of the root, Edges(root, node, nodes=the node)) for each node (a node with no
+    parent is a root); tagged `near`: (shard of the root, Edges(a, b)) for each pair."""
+    _, grouped = keyed
+    nodes = list(grouped[NODES])
+    if not nodes:
+        return
+    nodes = Nodes.concatenate(nodes)
+    nodes = nodes.take(_sorted_unique(nodes.ids))  # a node of pairs checked in several buckets
+    edges = list(grouped["edges"])
+    root = nodes.ids.copy()
+    if edges:
+        c, p = _edges_of(edges)  # a child may be reported twice (a star edge and the residual's); same root
+        at = np.searchsorted(c, nodes.ids)
+        found = at < c.size
+        found[found] = c[at[found]] == nodes.ids[found]
+        root[found] = p[at[found]]
+    for shard, members in groups_of(shard_of_node(root)):
+        yield int(shard), Edges(root[members], nodes.ids[members], None, nodes.take(members))
+    pairs = list(grouped[NEAR])
+    if pairs:
+        a, b = _edges_of(pairs)
+        root_of_a = root[np.searchsorted(nodes.ids, a)]  # a is one of this shard's nodes
+        for shard, members in groups_of(shard_of_node(root_of_a)):
+            yield beam.pvalue.TaggedOutput(NEAR, (int(shard), Edges(a[members], b[members])))
+
+
+def choose_kept(keyed, threshold: float, seed: int, validation_fraction: float):
+    """(root shard, {members: the nodes of the linked components rooted there, near: their
+    near-copy pairs}) -> (dedup shard, NearDecisions) for every member: in each cluster of
+    near-copies (a component of the pairs) all but the kept text are removed; every member of
+    a linked component gets its split. Tagged `counts`: clusters, their members, expected
+    false positives."""
+    _, grouped = keyed
+    parts = list(grouped["members"])
+    if not parts:
+        return
+    roots = np.concatenate([p.a for p in parts])
+    members = Nodes.concatenate([p.nodes for p in parts])
+    # Clusters of near-copies: components of the near-copy pairs, inside the linked components.
+    cluster = members.ids.copy()
+    pairs = list(grouped[NEAR])
+    if pairs:
+        nodes, smallest = components(*_edges_of(pairs))
+        by_id = np.argsort(members.ids)
+        cluster[by_id[np.searchsorted(members.ids[by_id], nodes)]] = smallest
+    # Linked components sorted by root, each one's members by rank; clusters likewise.
+    order = np.lexsort((members.digests[:, 1], members.digests[:, 0], members.ranks, roots))
+    roots, members, cluster = roots[order], members.take(order), cluster[order]
+    starts = _run_starts(roots)
+    sizes = np.diff(np.append(starts, roots.size))
+    votes = np.maximum.reduceat(members.votes, starts)
+    splits = (votes == VALIDATION).astype(np.int8)
+    auto = votes == AUTO
+    if auto.any():  # the content hash of the component's first text decides, as for a text alone
+        split_hashes = hashing.content_hashes(hashing.content_salt(seed, hashing.SPLIT),
+                                              members.digests[starts][auto])
+        splits[auto] = hashing.below_fraction(split_hashes, validation_fraction)
+    by_cluster = np.lexsort((members.digests[:, 1], members.digests[:, 0], members.ranks, cluster))
+    first_in_cluster = by_cluster[_run_starts(cluster[by_cluster])]
+    removed = np.ones(roots.size, dtype=bool)
+    removed[first_in_cluster] = False
+    kept_of = np.empty(roots.size, dtype=np.int64)  # the kept text of each member's cluster
+    cluster_sizes = np.diff(np.append(_run_starts(cluster[by_cluster]), roots.size))
+    kept_of[by_cluster] = np.repeat(first_in_cluster, cluster_sizes)
+    cluster_split = np.repeat(splits, sizes)
+    for shard, chosen in groups_of(shard_of_node(members.ids)):
+        yield int(shard), NearDecisions(members.digests[chosen], removed[chosen], cluster_split[chosen])
+    same, filled = minhash.agreement(members.signatures[removed], members.signatures[kept_of[removed]])
+    clusters = int(np.count_nonzero(cluster_sizes > 1))
+    yield beam.pvalue.TaggedOutput(COUNTS, {CLUSTERS: clusters, CLUSTERED: int(np.count_nonzero(removed)) + clusters,
+                                            FALSE_POSITIVES_MICRO: expected_false_positives(same, filled, threshold)})
+
+
+def expected_false_positives(same: np.ndarray, filled: np.ndarray, threshold: float) -> int:
+    """The expected number (in millionths) of removed texts whose Jaccard similarity to the
+    text kept for them lies below threshold - FALSE_POSITIVE_MARGIN, given their signatures'
+    agreement (`same` of `filled` bins): a normal approximation of the estimate, standard
+    deviation sqrt(J (1 - J) / filled)."""
+    if same.size == 0:
+        return 0
+    filled = np.maximum(filled, 1)
+    similar = same / filled
+    sd = np.sqrt(np.maximum(similar * (1 - similar), 1 / filled) / filled)
+    z = (threshold - FALSE_POSITIVE_MARGIN - similar) / (sd * math.sqrt(2))
+    below = 0.5 * (1 + np.array([math.erf(v) for v in z.tolist()]))
+    return int(np.round(below * 1e6).astype(np.int64).sum())
+
+
+# ---------------------------------------------------------------------------------------------
+
+class FindNearDuplicates(beam.PTransform):
+    """TokenizedBatches with digests and signatures -> (dedup shard, NearDecisions) (main output
+    `decisions`) and count dicts (`counts`)."""
+
+    def __init__(self, settings: minhash.MinHashSettings, threshold: float, seed: int,
+                 validation_fraction: float, num_shards: int, spill_dir: str | None = None, rounds: int = ROUNDS):
+        super().__init__()
+        self._spill_dir = spill_dir
+        self._settings = settings
+        self._threshold = threshold
+        self._seed = seed
+        self._validation_fraction = validation_fraction
+        self._shards = num_shards
+        self._rounds = rounds
+
+    def expand(self, batches):
+        s, n = self._settings, self._shards
+        tables = (
+            batches
+            | "KeyNodes" >> beam.ParDo(KeyNodes(self._seed, n, self._spill_dir)).with_output_types(tuple[int, NodePart])
+            | "GroupCopies" >> beam.GroupByKey()
+            | "NodeTables" >> beam.FlatMap(node_table).with_output_types(tuple[int, Nodes])
+        )
+        requests = (
+            tables
+            | "KeyByBand" >> beam.FlatMap(key_by_band, s.bands, s.rows, n).with_output_types(tuple[int, BandPart])
+            | "GroupByBand" >> beam.GroupByKey()
+            | "CandidatePairs" >> beam.FlatMap(candidate_pairs).with_output_types(tuple[int, Edges])
+        )
+        verified = (
+            {"tables": tables, "requests": requests}
+            | "FetchNodes" >> beam.CoGroupByKey()
+            | "AttachNodes" >> beam.FlatMap(attach_nodes, n).with_output_types(tuple[int, Edges])
+            | "GroupPairs" >> beam.GroupByKey()
+            | "VerifyPairs" >> beam.FlatMap(verify_pairs, self._threshold)
+            .with_outputs(NEAR, NODES, COUNTS, main="edges")
+        )
+        edges = verified.edges
+        for r in range(self._rounds):
+            edges = (
+                edges
+                | f"GroupLargeStar{r}" >> beam.GroupByKey()
+                | f"LargeStar{r}" >> beam.FlatMap(large_star).with_output_types(tuple[int, Edges])
+                | f"GroupSmallStar{r}" >> beam.GroupByKey()
+                | f"SmallStar{r}" >> beam.FlatMap(small_star).with_output_types(tuple[int, Edges])
+            )
+        checked = (
+            edges
+            | "GroupStars" >> beam.GroupByKey()
+            | "StarEdges" >> beam.FlatMap(star_edges).with_output_types(tuple[int, Edges])
+            | "GroupConvergence" >> beam.GroupByKey()
+            | "CheckConvergence" >> beam.FlatMap(check_stars).with_outputs(STARS, RESIDUAL)
+        )
+        finished = (
+            checked[RESIDUAL]
+            | "GroupUnconverged" >> beam.GroupByKey()
+            | "FinishUnconverged" >> beam.FlatMap(finish_residual).with_outputs(COUNTS, main="roots")
+        )
+        labels = (
+            {STARS: checked[STARS], "roots": finished.roots}
+            | "JoinRoots" >> beam.CoGroupByKey()
+            | "Relabel" >> beam.FlatMap(relabel).with_output_types(tuple[int, Edges])
+        )
+        members = (
+            {"edges": labels, NODES: verified[NODES], NEAR: verified[NEAR]}
+            | "JoinMembers" >> beam.CoGroupByKey()
+            | "LabelMembers" >> beam.FlatMap(label_nodes).with_outputs(NEAR, main="members")
+        )
+        chosen = (
+            {"members": members.members, NEAR: members[NEAR]}
+            | "GroupComponents" >> beam.CoGroupByKey()
+            | "ChooseKept" >> beam.FlatMap(choose_kept, self._threshold, self._seed, self._validation_fraction)
+            .with_outputs(COUNTS, main="decisions")
+        )
+        counts = ((verified[COUNTS], finished[COUNTS], chosen[COUNTS]) | "NearCounts" >> beam.Flatten())
+        return chosen.decisions, counts
