@@ -1,6 +1,6 @@
-"""The README's trainer snippets (Reading the data in a trainer: several hosts, document
-masks, blends, sources, the Megatron export) run as written, on the datasets the quickstart
-and the mixture worked example make."""
+"""The reader's documented snippets (docs/reader.md: several hosts, document masks, blends,
+sources; docs/export.md: the Megatron export) run as written, on the datasets the README's
+quickstart and docs/mixtures.md's worked example make."""
 import os
 import re
 import subprocess
@@ -10,14 +10,22 @@ import pytest
 
 from tests.helpers import REPO, SAMPLE, run_pipeline
 
-SECTIONS = ("### Several hosts", "### Document masks", "### Train-time blends", "### Which source",
-            "### Megatron-LM and NeMo")
+SECTIONS = (("reader.md", "## Several hosts"), ("reader.md", "## Document masks"),
+            ("reader.md", "## Train-time blends"), ("reader.md", "## Which source"),
+            ("export.md", "# Megatron-LM and NeMo"))
 
 
 def section(text: str, title: str) -> str:
-    start = text.index(title)
-    end = text.find("\n### ", start + 1)
-    return text[start:end if end >= 0 else None]
+    """From the heading `title` to the next heading of its level or above outside code blocks
+    (a `# comment` line of a snippet is not one), or to the page's end."""
+    level = len(title) - len(title.lstrip("#"))
+    lines = text[text.index(title):].split("\n")
+    fence = False
+    for n, line in enumerate(lines[1:], 1):
+        fence ^= line.startswith("```")
+        if not fence and re.match(rf"#{{1,{level}}} ", line):
+            return "\n".join(lines[:n])
+    return "\n".join(lines)
 
 
 @pytest.fixture(scope="module")
@@ -35,9 +43,9 @@ def workdir(tmp_path_factory):
     return root
 
 
-@pytest.mark.parametrize("title", SECTIONS)
-def test_the_snippet_runs(workdir, title):
-    text = section((REPO / "README.md").read_text(encoding="utf-8"), title)
+@pytest.mark.parametrize("page, title", SECTIONS)
+def test_the_snippet_runs(workdir, page, title):
+    text = section((REPO / "docs" / page).read_text(encoding="utf-8"), title)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     blocks = re.findall(r"```(python|bash)\n(.*?)```", text, re.S)
     assert blocks, title
