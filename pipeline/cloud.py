@@ -22,8 +22,8 @@ DEFAULT_ENDPOINT = "https://storage.googleapis.com"
 CONNECT_SECONDS = 3.0
 CREDENTIALS_SECONDS = 4.0
 WHAT_TO_DO = ("run `gcloud auth application-default login` (your own account), or set "
-              "GOOGLE_APPLICATION_CREDENTIALS to a service account key file (README: Cloud storage); "
-              "for a public bucket, FSSPEC_GS_TOKEN=anon reads it anonymously")
+              "GOOGLE_APPLICATION_CREDENTIALS to a service account key file (docs/scale.md, "
+              "'Real Google Cloud Storage'); for a public bucket, FSSPEC_GS_TOKEN=anon reads it anonymously")
 
 
 def endpoint(storage_options: dict | None = None) -> tuple[str, bool]:

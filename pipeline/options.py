@@ -102,8 +102,7 @@ OPTIONS: tuple[Option, ...] = (
            template=Template("Text key", "text")),
     Option(name="mixture", group="input",
            help="a YAML or JSON file (local or gs://) listing weighted sources, instead of --input: each "
-                "source's share of the train tokens and how often its documents may be reused (README: "
-                "'Mixtures of several sources')",
+                "source's share of the train tokens and how often its documents may be reused (docs/mixtures.md)",
            template=Template("Mixture file (instead of input)", "gcs_file",
                              example="gs://my-bucket/mixtures/web-code.yaml",
                              help="A YAML or JSON file on Cloud Storage listing weighted sources, instead of "

@@ -496,7 +496,7 @@ def _run(options, plan, ft, stopping: _Stopping | None = None, report_dir: str |
         def worker_ended(message: str) -> None:
             if not _committed_by(plan):  # a worker dying after the commit cannot fail the run
                 stopping.fail(f"{message}. The runner cannot go on without it; check --environment_config "
-                              f"(see README, 'A cluster on one machine')")
+                              f"(see docs/scale.md, 'A cluster on one machine')")
         watch = worker_guard.WorkerWatch(report_dir, worker_ended)
         watch.start()
         if not ft.verbose:  # Beam's thread would print a traceback per worker; the watch says it in one line

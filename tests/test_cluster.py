@@ -1,7 +1,7 @@
 """A cluster on one machine: the job on two SDK worker processes that share no disk with the
 launcher or with each other, and the same bytes as the in-process run.
 
-Each worker is started by the command the README gives ("A cluster that shares no disk"):
+Each worker is started by the command docs/scale.md gives ("A cluster on one machine"):
 Beam's FnApiRunner starts it through `--environment_type beam:env:harness_subprocess_python:v1`,
 and it runs in a mount namespace of its own with an empty private /tmp (`unshare --mount`,
 root only). The launcher is a third process. All that the three share is the GCS emulator:
@@ -31,7 +31,7 @@ COMMON = ["--tokenizer", f"{GS}/tok.json", "--seed", "11", "--validation_fractio
           "--max_rejected_fraction", "0.02", "--num_shards", "5", "--tokens_chunk_size", "512",
           "--seq_starts_chunk_size", "64"]
 INPUTS = ["--input", f"{GS}/corpus/*.jsonl*", "--input", f"{HERE}/parquet/*.parquet"]
-# The README's command, with one line of evidence from inside each worker's namespace: its
+# docs/scale.md's command, with one line of evidence from inside each worker's namespace: its
 # mount namespace and how many entries its /tmp held when it started.
 EVIDENCE = 'echo "isolated worker: $(readlink /proc/self/ns/mnt) tmp entries: $(ls -A /tmp | wc -l)" >&2'
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="unshare --mount needs root (CI runs as root)")

@@ -1,6 +1,6 @@
 """Mixtures (--mixture): several real sources, each sampled to its share of the train tokens.
 
-The expectations are computed here from the definition in the README (T = min over sources
+The expectations are computed here from the definition in docs/mixtures.md (T = min over sources
 of max_epochs * tokens / share; multiplier = share * T / tokens), from the texts this test
 wrote and tokenized itself, never from the pipeline's own numbers."""
 import json

@@ -4,7 +4,7 @@ Near-copies are planted in real text (the sample's docstrings): each picked docu
 to three variants with words replaced, inserted or deleted, a header line added or its lines
 re-wrapped, so their Jaccard similarities to it spread over 0.5 to 1. The Jaccard similarity
 of every pair of the corpus is then computed exactly, here, from word 5-gram sets (words as
-the pipeline's README defines them; nothing of the pipeline's code is used), and the
+docs/dedup.md defines them; nothing of the pipeline's code is used), and the
 pipeline's output is scored against it: recall on the pairs at or above threshold + 0.05,
 precision of the removals (a removed text has a kept text at or above threshold - 0.1), and
 no pair at or above the threshold across train and validation."""

@@ -319,7 +319,7 @@ def test_no_staging_keeps_nothing_and_throws_found_work_away(job, tmp_path):
     out = tmp_path / "out.zarr"
     kill_when([*args, "--no_staging"], out, lambda: len(list(out.glob("train/encoded_tokens/[0-9]*"))) >= 3)
     assert [p.name for p in area(out).iterdir()] == [staging.COMMAND]  # no work: the command's record only
-    # Rerunning the same command starts over, as the README says (it exited 2, telling to "rerun
+    # Rerunning the same command starts over, as docs/reruns.md says (it exited 2, telling to "rerun
     # the command that made it", which had just been done).
     run_pipeline(*args, "--no_staging", "--output", out)
     assert not area(out).exists()
