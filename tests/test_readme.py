@@ -79,3 +79,17 @@ def test_the_gs_recipe_runs_as_written(tmp_path):
     assert proc.returncode == 0, out + err
     assert "flat-tokens: wrote gs://demo/sample.zarr" in out and "OK: train" in out, out + err
     assert [line for line in err.splitlines() if not line.startswith("progress: ")] == [], err
+
+
+def test_the_readme_stays_a_first_hour_page():
+    """Issue 32: install, run, verify, read, the options and the exit codes; the rest lives in
+    docs/. 1,432 lines had buried the quickstart under resume internals and runner tables."""
+    lines = readme().count("\n")
+    assert lines < 400, f"README.md has {lines} lines: move what a user does not need in the first hour to docs/"
+
+
+def test_every_docs_page_is_linked_from_the_readme():
+    """A page no one can find from the README is a page no one reads."""
+    linked = set(re.findall(r"\]\(docs/([^)#\s]+)", readme()))
+    pages = {page.name for page in (REPO / "docs").glob("*.md")}
+    assert pages <= linked, f"docs pages the README does not link: {sorted(pages - linked)}"
