@@ -37,6 +37,51 @@ def test_every_relative_link_resolves_inside_the_repository():
     assert checked >= 3  # README -> the format page, and the docs' links to each other
 
 
+def anchors(doc) -> set[str]:
+    """The anchors GitHub gives the page's headings (outside code blocks): lowercased, punctuation
+    but `-` and `_` dropped, spaces as `-`, a repeated one suffixed -1, -2, ..."""
+    found, fence = set(), False
+    for line in doc.read_text(encoding="utf-8").splitlines():
+        fence ^= line.startswith("```")
+        heading = re.match(r"#{1,6} (.+)", line)
+        if heading and not fence:
+            slug = re.sub(r"[^\w\- ]", "", heading.group(1).strip().lower()).replace(" ", "-")
+            n, candidate = 0, slug
+            while candidate in found:
+                n += 1
+                candidate = f"{slug}-{n}"
+            found.add(candidate)
+    return found
+
+
+def test_every_anchor_names_a_heading_of_its_page():
+    """A link to a section that moved (the README's sections went to docs/) must follow it."""
+    checked = 0
+    for doc in documents():
+        for target in re.findall(r"\]\(([^)\s]+)\)", doc.read_text(encoding="utf-8")):
+            if re.match(r"[a-z]+:", target) or "#" not in target:
+                continue
+            path, anchor = target.split("#", 1)
+            page = (doc.parent / path).resolve() if path else doc
+            if page.suffix == ".md":
+                assert anchor in anchors(page), f"{doc.relative_to(REPO)}: {target}: no such heading"
+                checked += 1
+    assert checked >= 10
+
+
+def test_the_pages_that_messages_cite_hold_what_they_cite():
+    """A message that sends the user to "docs/PAGE.md, 'Section'" names a page that exists and
+    a phrase that is in it; none sends them to a README section (the README keeps no details)."""
+    cited = 0
+    for source in [*REPO.glob("pipeline/**/*.py"), *REPO.glob("transforms/**/*.py")]:
+        text = source.read_text(encoding="utf-8")
+        assert not re.search(r"README[:,] ['\"]", text), f"{source.relative_to(REPO)} cites a README section"
+        for page, phrase in re.findall(r"(docs/[\w.-]+\.md), (?:\"\s*\"\s*)?'([^']+)'", text):
+            assert phrase in (REPO / page).read_text(encoding="utf-8"), f"{source.relative_to(REPO)}: {page} has no {phrase!r}"
+            cited += 1
+    assert cited >= 2  # the cluster worker's failure and the credentials advice
+
+
 def numbers(name: str, text: str):
     """The value given as `name = [...]` (or a number) in the page's code blocks."""
     return ast.literal_eval(re.search(rf"^{name}\s*=\s*(.+)$", text, flags=re.M).group(1))
