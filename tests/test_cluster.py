@@ -178,4 +178,5 @@ def test_workers_that_cannot_start_fail_the_run_with_their_own_message(tmp_path,
     assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert "an SDK worker exited with return code 127" in errors[0], errors
     assert "exec: /nonexistent/python: not found" in errors[0], errors
+    assert "see docs/scale.md, 'A cluster on one machine'" in errors[0], errors  # the recipe that works
     assert not (tmp_path / "out.zarr" / ".zgroup").exists()
