@@ -1,4 +1,6 @@
 import json
+import os
+import resource
 
 import pytest
 
@@ -27,3 +29,29 @@ def corpus(tmp_path_factory):
     for i in range(3):
         write_jsonl(root / f"part-{i}.jsonl", texts[i::3])
     return root
+
+
+# FLAT_TOKENS_TEST_MEMORY=<file>: one JSON line per test with its peak memory (the test process's
+# own peak during the test, and the largest child process's peak where that grew), so that the
+# README's figure for the suite's peak comes from a measurement, and its heaviest test is named.
+MEMORY_LOG = os.environ.get("FLAT_TOKENS_TEST_MEMORY")
+
+
+def _own_peak_kib() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    if not MEMORY_LOG:
+        yield
+        return
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # resets this process's peak RSS (Linux)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    yield
+    grown = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    with open(MEMORY_LOG, "a") as f:
+        f.write(json.dumps({"test": item.nodeid, "own_mib": _own_peak_kib() // 1024,
+                            "child_mib": grown // 1024 if grown > children else None}) + "\n")

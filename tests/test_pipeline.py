@@ -1,4 +1,5 @@
 """Real pipeline runs on real runners, real zarr stores and real tokenizers."""
+import json
 import re
 import subprocess
 import sys
@@ -171,13 +172,22 @@ def test_no_special_tokens_are_added(tmp_path):
     assert (tokens >> 1).tolist() == [2, 3]
 
 
+def save_word_level(path, vocab: dict) -> None:
+    """A whitespace WordLevel tokenizer.json holding `vocab`. Its JSON is written here, not by
+    tokenizers' own save(): that walks every id up to the largest (2**31 of them: 8.4 GB of
+    memory and 25 s, the test suite's peak)."""
+    tok = Tokenizer(models.WordLevel({"[UNK]": 0}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    spec = json.loads(tok.to_str())
+    spec["model"]["vocab"] = vocab
+    path.write_text(json.dumps(spec))
+
+
 def test_ids_wider_than_16_bits_meet_narrow_ones_in_one_shard(tmp_path):
     """Batches cross the shuffle as uint16 ids when they fit and uint32 otherwise; one shard
     holding both must keep every id, up to the format's largest (2**31-1)."""
     vocab = {"[UNK]": 0, "small": 5, "top16": 65535, "first17": 65536, "largest": 2**31 - 1}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.save(str(tmp_path / "tok.json"))
+    save_word_level(tmp_path / "tok.json", vocab)
     write_jsonl(tmp_path / "in" / "narrow.jsonl", ["small top16", "small", "top16 top16 small"])
     write_jsonl(tmp_path / "in" / "wide.jsonl", ["first17 small", "largest", "small largest top16"])
     run_pipeline("--input", f"{tmp_path}/in/*.jsonl", "--output", tmp_path / "o.zarr", "--tokenizer",
@@ -190,9 +200,7 @@ def test_ids_wider_than_16_bits_meet_narrow_ones_in_one_shard(tmp_path):
 
 
 def test_a_token_id_above_2_31_fails_the_job_naming_the_tokenizer(tmp_path):
-    tok = Tokenizer(models.WordLevel({"[UNK]": 0, "big": 2**31}, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.save(str(tmp_path / "big.json"))
+    save_word_level(tmp_path / "big.json", {"[UNK]": 0, "big": 2**31})
     write_jsonl(tmp_path / "in.jsonl", ["big"])
     proc = run_pipeline("--input", tmp_path / "in.jsonl", "--output", tmp_path / "o.zarr", "--tokenizer",
                         tmp_path / "big.json", check=False)
