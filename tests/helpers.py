@@ -8,6 +8,8 @@ from pathlib import Path
 import zarr
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from tests import warm_python
+
 REPO = Path(__file__).resolve().parent.parent
 # The tests' own format checker: independent of the pipeline and of `verify`, and inside the
 # repository, so the tests need nothing beside the clone.
@@ -37,8 +39,7 @@ def write_jsonl(path: Path, texts, key: str = "text") -> Path:
 def run_pipeline(*args, check: bool = True, env=None, timeout: int = 600) -> subprocess.CompletedProcess:
     """Runs `python -m pipeline.run` in a subprocess, as a user would."""
     cmd = [sys.executable, "-m", "pipeline.run", *map(str, args)]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})
+    proc = warm_python.run([*map(str, args)], "pipeline.run", REPO, timeout, env)  # tests/warm_python.py: why
     if check and proc.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-5000:]}")
     return proc
@@ -46,7 +47,7 @@ def run_pipeline(*args, check: bool = True, env=None, timeout: int = 600) -> sub
 
 def check_flat_tokens(*args) -> subprocess.CompletedProcess:
     """Runs the independent checker (tests/flat_tokens_checker.py); asserts it says OK."""
-    proc = subprocess.run([sys.executable, str(CHECKER), *map(str, args)], capture_output=True, text=True, timeout=600)
+    proc = warm_python.run([str(CHECKER), *map(str, args)], None, os.getcwd(), 600)
     assert proc.returncode == 0 and proc.stdout.splitlines()[-1].startswith("OK"), proc.stdout + proc.stderr
     return proc
 

@@ -75,6 +75,7 @@ def dirty(tmp_path_factory):
     return root
 
 
+@pytest.mark.slow
 def test_every_bad_line_is_counted_reported_and_every_good_document_kept(tmp_path, dirty):
     out = tmp_path / "out.zarr"
     proc = run_pipeline("--input", dirty / "dirty.jsonl", "--input", dirty / "ok", "--input", dirty / "ok.jsonl.gz",
@@ -98,6 +99,7 @@ def test_every_bad_line_is_counted_reported_and_every_good_document_kept(tmp_pat
     assert verify.verify_dataset(str(out)) == []
 
 
+@pytest.mark.slow
 def test_checker_agrees_on_which_lines_are_documents(tmp_path, dirty):
     out = tmp_path / "out.zarr"
     run_pipeline("--input", dirty / "dirty.jsonl", "--output", out, "--tokenizer", "bytes", "--max_rejected_fraction", "1")
@@ -107,6 +109,7 @@ def test_checker_agrees_on_which_lines_are_documents(tmp_path, dirty):
     check_flat_tokens(out2, "--input", f"{dirty}/ok/*.jsonl", "--tokenizer", "bytes")
 
 
+@pytest.mark.slow
 def test_zst_and_gz_inputs_hold_the_same_documents_as_plain(tmp_path):
     texts = [f"compressed document {i} ✓" for i in range(200)]
     plain = write_jsonl(tmp_path / "plain" / "c.jsonl", texts)
@@ -121,6 +124,7 @@ def test_zst_and_gz_inputs_hold_the_same_documents_as_plain(tmp_path):
     check_flat_tokens(tmp_path / "zst.zarr", "--input", str(plain), "--tokenizer", "bytes")
 
 
+@pytest.mark.slow
 def test_the_rejected_limit_is_checked_over_the_whole_input(tmp_path):
     """One file is 50% bad, but the corpus is 0.1% bad: a per-file or per-bundle check would fail."""
     (tmp_path / "in").mkdir()
@@ -140,6 +144,7 @@ def test_the_rejected_limit_is_checked_over_the_whole_input(tmp_path):
     assert len(report) == 1 and json.loads(report[0].read_text())["line"] == 2
 
 
+@pytest.mark.slow
 def test_a_deeply_nested_line_is_a_rejected_line(tmp_path):
     """Deeper than orjson's 1,024 levels, the fallback `json` raised RecursionError: the
     launcher's look at the first lines (this file starts with one) printed a traceback."""
@@ -165,6 +170,7 @@ def usage_error(tmp_path, *args, env=None):
     return lines[0]
 
 
+@pytest.mark.slow
 def test_bad_configuration_fails_fast_naming_the_culprit(tmp_path):
     good_input = write_jsonl(tmp_path / "in.jsonl", ["hello"])
     out = ["--output", tmp_path / "o.zarr"]
@@ -191,6 +197,7 @@ def test_bad_configuration_fails_fast_naming_the_culprit(tmp_path):
     assert not (tmp_path / "o.zarr").exists()
 
 
+@pytest.mark.slow
 def test_a_rejected_output_that_cannot_take_the_report_is_refused_at_launch(tmp_path):
     """It was found after the whole run, when the report was written: exit 1."""
     from tests.test_inputs import run_where_permissions_apply
@@ -233,6 +240,7 @@ def write_records(path, records):
 
 
 @pytest.mark.parametrize("tokenizer", ["bytes", "bpe"])
+@pytest.mark.slow
 def test_a_wrong_text_key_is_refused_at_launch_naming_the_keys_there_are(tmp_path, bpe_tokenizer, tokenizer):
     """It used to run and reject 100% of the lines as missing_text_key, with no hint."""
     corpus = write_records(tmp_path / "corpus.jsonl", keyed_records(300))
@@ -246,6 +254,7 @@ def test_a_wrong_text_key_is_refused_at_launch_naming_the_keys_there_are(tmp_pat
     assert not (tmp_path / "o.zarr").exists() and not (tmp_path / "o.zarr.rejected").exists()
 
 
+@pytest.mark.slow
 def test_a_text_key_missing_later_in_the_input_fails_the_job_with_the_same_hint(tmp_path):
     """The launch check sees documents in the first file; the second file names its text otherwise."""
     write_jsonl(tmp_path / "in" / "a.jsonl", [f"fine {i}" for i in range(10)])
@@ -265,6 +274,7 @@ def closed_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_a_hub_name_without_network_fails_at_once_with_one_message(tmp_path):
     """The hub client used to retry an unreachable hub five times (~25 s), printing each retry twice."""
     corpus = write_jsonl(tmp_path / "in.jsonl", ["hello"])
@@ -277,6 +287,7 @@ def test_a_hub_name_without_network_fails_at_once_with_one_message(tmp_path):
     assert proc.stderr.startswith("flat-tokens: error: --tokenizer gpt2:") and "hub is out of reach" in proc.stderr
 
 
+@pytest.mark.slow
 def test_a_hub_name_is_loaded_from_the_local_cache_without_network(tmp_path):
     """What the HuggingFace cache holds (as hf_hub_download stores it) is used when the hub is out of reach."""
     snapshot = tmp_path / "hf-home" / "hub" / "models--some-org--some-tokenizer" / "snapshots" / ("0" * 40)

@@ -96,6 +96,7 @@ def test_bench_pipeline_smoke(tmp_path):
     assert not any(work.iterdir()), "the work directory is removed without --keep"
 
 
+@pytest.mark.slow
 def test_bench_reader_smoke(tmp_path):
     texts = [json.loads(line)["text"] for line in open(SAMPLE / "corpus-1.jsonl", encoding="utf-8")][:200]
     dataset = tmp_path / "ds.zarr"
@@ -118,6 +119,7 @@ def test_bench_reader_smoke(tmp_path):
     assert all(v["tokens_per_second"] > 0 and v["cpu_seconds"] > 0 and v["peak_rss_mb"] > 0 for v in m.values())
 
 
+@pytest.mark.slow
 def test_raw_limit_is_standalone_and_counts_every_token(tmp_path):
     """benchmarks/raw_limit.py imports no module of this project (-X importtime lists every
     import) and counts the tokens HF tokenizers gives, with both backends."""
@@ -139,6 +141,7 @@ def test_raw_limit_is_standalone_and_counts_every_token(tmp_path):
         assert (counted["tokens"], counted["documents"]) == (expected, len(texts)), (backend, counted)
 
 
+@pytest.mark.slow
 def test_raw_limit_on_several_processes_counts_every_token_once(tmp_path):
     """--processes N splits the file into N byte ranges, one process each: every line is
     read by exactly one of them, wherever the ranges' bounds fall (lines of all lengths,
@@ -158,6 +161,7 @@ def test_raw_limit_on_several_processes_counts_every_token_once(tmp_path):
     assert counted[0][1] == len(texts) + 1 and len(set(counted)) == 1, counted
 
 
+@pytest.mark.slow
 def test_same_output_limit_is_standalone_and_writes_the_encoded_ids(tmp_path):
     """benchmarks/same_output_limit.py imports no module of this project, and its files hold
     every document's ids in order as the format encodes them (2*id + 1 on a document's first
@@ -190,6 +194,7 @@ def test_same_output_limit_is_standalone_and_writes_the_encoded_ids(tmp_path):
         assert (found["tokens"], found["documents"]) == (expected.size, len(texts))
 
 
+@pytest.mark.slow
 def test_simulate_scale_smoke(tmp_path):
     """benchmarks/simulate_scale.py on a small layout: every phase runs, the commit re-made from
     the run's own parts matches what the run committed (the script asserts it), and the
@@ -223,6 +228,7 @@ def test_simulate_scale_smoke(tmp_path):
     assert not (tmp_path / "work").exists()
 
 
+@pytest.mark.slow
 def test_bench_resume_smoke(tmp_path):
     texts = [json.loads(line)["text"] for line in open(SAMPLE / "corpus-1.jsonl", encoding="utf-8")][:300]
     corpus = write_jsonl(tmp_path / "tiny.jsonl", texts)
@@ -245,6 +251,7 @@ def test_bench_resume_smoke(tmp_path):
     assert not any(work.iterdir()), "the work directory is removed without --keep"
 
 
+@pytest.mark.slow
 def test_bench_unit_check_smoke(tmp_path):
     """benchmarks/bench_unit_check.py on a tiny corpus: every measurement, the run, the shares."""
     texts = [json.loads(line)["text"] for line in open(SAMPLE / "corpus-1.jsonl", encoding="utf-8")][:300]
@@ -261,6 +268,7 @@ def test_bench_unit_check_smoke(tmp_path):
     assert r["units"] >= 1 and r["f_run"]["wall_seconds"] > 0 and 0 <= r["check_share_of_run"]["cpu_seconds"]
 
 
+@pytest.mark.slow
 def test_bench_codecs_smoke(tmp_path):
     """benchmarks/bench_codecs.py on a dataset the pipeline wrote: every setting's line, and
     level 1 reports the dataset's own bytes per token for the chunks it re-encoded."""
@@ -362,6 +370,7 @@ def test_bench_checksums_smoke(tmp_path):
                                  "read_packed"}
 
 
+@pytest.mark.slow
 def test_bit_flips_script_smoke(tmp_path):
     """benchmarks/bit_flips.py: a few flips, each found by verify and by the reader."""
     results = tmp_path / "flips.json"

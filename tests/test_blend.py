@@ -46,6 +46,7 @@ def rows(batches):
     return np.concatenate([b.targets for b in batches]), np.concatenate([b.sources[:, 0] for b in batches])
 
 
+@pytest.mark.slow
 def test_windows_follow_the_weights_in_every_prefix(splits):
     weights = [5, 3, 2]
     blend = Blend(splits, weights, seed=4)
@@ -114,6 +115,7 @@ def test_huge_weights_normalise_without_overflow(splits):
     assert Blend(splits, [5e-324, 5e-324, 1e-323]).weights == pytest.approx([0.25, 0.25, 0.5])  # and tiny ones
 
 
+@pytest.mark.slow
 def test_splits_of_two_tokenizers_are_refused_unless_allowed(splits, tmp_path):
     """Each dataset records its tokenizer's sha256 (provenance); a blend of different ones is a
     ValueError naming both, unless allow_mixed_tokenizers=True."""

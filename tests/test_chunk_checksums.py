@@ -69,6 +69,7 @@ def flipped(path, byte: int, bit: int = 0) -> bytes:
 # What the chunks carry
 
 
+@pytest.mark.slow
 def test_zarr2_zstd_chunks_are_checksummed_zstd_frames_that_any_zstd_decoder_reads(dataset):
     assert json.loads((dataset / ".zattrs").read_text())["storage"]["checksums"] == "zstd+crc32c-frame"
     for array in ("encoded_tokens", "seq_starts", "seq_sources"):
@@ -89,6 +90,7 @@ def test_zarr2_zstd_chunks_are_checksummed_zstd_frames_that_any_zstd_decoder_rea
     assert np.array_equal(train["encoded_tokens"][:], served)
 
 
+@pytest.mark.slow
 def test_zarr3_and_blosc_chunks_carry_crc32c_or_crc32_and_a_flip_is_found(tmp_path):
     v3 = write(tmp_path / "v3.zarr", "--zarr_format", "3", "--chunks_per_shard", "2")
     codecs = json.loads((v3 / "train" / "encoded_tokens" / "zarr.json").read_text())["codecs"][0]["configuration"]
@@ -224,6 +226,7 @@ def test_a_truncated_chunk_is_named_with_its_dataset(dataset, checksums):
     assert len(problems) == 1 and "chunk train/encoded_tokens/1" in problems[0]
 
 
+@pytest.mark.slow
 def test_inspect_and_export_name_a_damaged_chunk(dataset, tmp_path):
     flipped(dataset / "train" / "seq_starts" / "0", 40)
     inspect = subprocess.run([sys.executable, "-m", "pipeline.inspect", str(dataset)], cwd=REPO,
@@ -246,6 +249,7 @@ except CorruptChunk as e:
 """
 
 
+@pytest.mark.slow
 def test_gs_a_flipped_bit_is_found_by_verify_and_the_reader(gcs, tmp_path):
     """verify and the reader as users run them (processes of their own, the emulator named by
     STORAGE_EMULATOR_HOST)."""

@@ -18,6 +18,7 @@ from tests.test_parquet import sequences
 from transforms.records import DocumentBatch
 
 
+@pytest.mark.slow
 def test_progress_lines_and_a_summary_with_the_exact_numbers(tmp_path, corpus, bpe_tokenizer):
     write_jsonl(tmp_path / "bad" / "x.jsonl", ["fine", HOLD_MARKER])
     with open(tmp_path / "bad" / "x.jsonl", "a") as f:
@@ -53,6 +54,7 @@ def test_progress_lines_and_a_summary_with_the_exact_numbers(tmp_path, corpus, b
     assert summary["rejected_output"].endswith("out.zarr.rejected")
 
 
+@pytest.mark.slow
 def test_quiet_prints_no_progress(tmp_path, corpus):
     proc = run_pipeline("--input", f"{corpus}/*.jsonl", "--output", tmp_path / "o.zarr", "--tokenizer", "bytes",
                         "--progress_interval", "0.1", "--quiet")
@@ -83,6 +85,7 @@ def test_the_usage_line_shows_the_required_options_as_required():
         assert name in outside_brackets, usage
 
 
+@pytest.mark.slow
 def test_version_is_printed_by_the_console_script_and_by_run():
     from pipeline import __version__
     for args in (["--version"], ["run", "--version"], ["verify", "--version"], ["inspect", "--version"]):
@@ -101,6 +104,7 @@ def run_with_stdout_closed(*args):
     return proc.returncode, stderr
 
 
+@pytest.mark.slow
 def test_a_closed_stdout_ends_every_command_quietly_like_a_unix_tool(tmp_path, corpus):
     out, summary = tmp_path / "o.zarr", tmp_path / "summary.json"
     code, stderr = run_with_stdout_closed("-m", "pipeline.run", "--input", f"{corpus}/*.jsonl", "--output", out,
@@ -141,6 +145,7 @@ def test_progress_is_reported_within_a_range_and_in_full_when_it_ends(tmp_path):
     assert read_totals(str(progress_dir)) == {"bytes": path.stat().st_size, "documents": 100}
 
 
+@pytest.mark.slow
 def test_progress_moves_while_one_large_file_is_read(tmp_path):
     texts = [json.loads(line)["text"] for p in sorted(SAMPLE.glob("*.jsonl")) for line in p.open(encoding="utf-8")]
     path = tmp_path / "large.jsonl"
@@ -156,6 +161,7 @@ def test_progress_moves_while_one_large_file_is_read(tmp_path):
 MULTI_PROCESS = ["--direct_num_workers=2", "--direct_running_mode=multi_processing"]
 
 
+@pytest.mark.slow
 def test_worker_processes_are_quiet_too(tmp_path, corpus):
     """Each multi_processing worker used to print ~24 lines of Beam INFO, and 'Discarding
     unparseable args: [..., --output=...]', whatever --quiet said."""
@@ -183,6 +189,7 @@ SAMPLE_DOCUMENTS = sum(len(open(p, encoding="utf-8").read().splitlines()) for p 
 BYTES = ["--tokenizer", "bytes"]
 
 
+@pytest.mark.slow
 def test_an_unquoted_glob_reads_every_file_the_shell_expanded_it_to(tmp_path):
     """`--input data/*.jsonl` unquoted: the shell passes one path per file. Beam used to keep
     the first and drop the rest with a warning (469 of the sample's 938 documents, exit 0)."""
@@ -202,6 +209,7 @@ def test_an_unquoted_glob_reads_every_file_the_shell_expanded_it_to(tmp_path):
     assert stats(split)["validation"]["sequences"] == 12 and stats(split)["documents"] == SAMPLE_DOCUMENTS + 12
 
 
+@pytest.mark.slow
 def test_the_same_files_however_named_give_byte_identical_arrays(tmp_path):
     """A quoted glob and the shell's expansion of it gave different datasets (1,240 vs 1,201
     validation sequences): a document's key held its argument's position. Now a quoted glob,
@@ -229,6 +237,7 @@ def test_the_same_files_however_named_give_byte_identical_arrays(tmp_path):
 
 
 @pytest.mark.parametrize("mode", [[], ["--quiet"], ["--verbose"]])
+@pytest.mark.slow
 def test_an_argument_no_option_takes_is_refused_in_every_mode(tmp_path, mode):
     """`--tokenizer bytes stray`: Beam discards `stray` with a warning (which --quiet hid)."""
     proc = run_pipeline("--input", SAMPLE_FILES[0], *BYTES, "stray.jsonl", "--output", tmp_path / "o.zarr", *mode,
@@ -239,6 +248,7 @@ def test_an_argument_no_option_takes_is_refused_in_every_mode(tmp_path, mode):
     assert not (tmp_path / "o.zarr").exists()
 
 
+@pytest.mark.slow
 def test_a_misspelt_option_is_refused_with_a_suggestion(tmp_path):
     common = ["--input", SAMPLE_FILES[0], *BYTES, "--output", tmp_path / "o.zarr"]
     message = refused(run_pipeline(*common, "--text-key", "text", check=False))
@@ -256,6 +266,7 @@ def test_verify_and_inspect_name_themselves_as_the_console_script_does():
         assert usage.startswith(f"usage: flat-tokens {command} "), usage
 
 
+@pytest.mark.slow
 def test_a_seed_the_reader_would_refuse_is_refused(tmp_path):
     common = ["--input", SAMPLE_FILES[0], *BYTES, "--output", tmp_path / "o.zarr"]
     for seed in ("-1", str(1 << 64)):
@@ -266,6 +277,7 @@ def test_a_seed_the_reader_would_refuse_is_refused(tmp_path):
     next(iter(train.packed_batches(16, 2, seed=zarr.open_group(str(tmp_path / "o.zarr"), mode="r").attrs["seed"])))
 
 
+@pytest.mark.slow
 def test_provenance_is_absolute_so_inspect_decodes_from_another_directory(tmp_path):
     """Relative paths were recorded as given: `inspect` run elsewhere could not load the
     recorded tokenizer, and showed token ids."""

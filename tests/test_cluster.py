@@ -118,6 +118,7 @@ def assert_isolated(stderr: str, workers: int = 2):
 
 @needs_root
 @pytest.mark.parametrize("dedup_and_mixture", [False, True], ids=["plain", "dedup-and-mixture"])
+@pytest.mark.slow
 def test_workers_that_share_no_disk_write_the_same_bytes(gcs, cluster_inputs, dedup_and_mixture):
     args = ["--mixture", f"{HERE}/mix.yaml", "--dedup", "exact"] if dedup_and_mixture else INPUTS
     name = "mixed" if dedup_and_mixture else "plain"
@@ -160,6 +161,7 @@ def test_a_worker_environment_the_default_runner_cannot_start_is_refused_before_
 
 
 @pytest.mark.parametrize("which", ["every worker", "one worker"])
+@pytest.mark.slow
 def test_workers_that_cannot_start_fail_the_run_with_their_own_message(tmp_path, which):
     """`exec: ... not found` (return code 127) in the one-machine recipe: the launcher used to
     wait forever for workers that had died. The run fails (exit 1) with the worker's message;

@@ -87,6 +87,7 @@ DAMAGE = {  # what is damaged -> (how, the kind the summary counts)
 
 
 @pytest.mark.parametrize("damage", list(DAMAGE))
+@pytest.mark.slow
 def test_damaged_staged_work_is_redone_and_counted(killed, damage, tmp_path):
     root, args, ref, _ = killed
     out = restore(killed)

@@ -36,6 +36,7 @@ def write_distinct(path, texts) -> str:
     return str(path)
 
 
+@pytest.mark.slow
 def test_every_distinct_text_lands_once_and_never_in_both_splits(tmp_path, bpe_tokenizer):
     texts = sample_texts()
     valid_own = [f"{t}\n\n(held out)" for t in texts[:40]]
@@ -63,6 +64,7 @@ def test_every_distinct_text_lands_once_and_never_in_both_splits(tmp_path, bpe_t
     assert verify.verify_dataset(str(out)) == []
 
 
+@pytest.mark.slow
 def test_the_output_depends_only_on_the_distinct_texts(tmp_path, bpe_tokenizer):
     """With a validation fraction, copies in other files (listed first or last, in another
     order) change nothing: order and split come from each text's content. Also on two worker
@@ -106,6 +108,7 @@ def test_a_file_listed_twice_is_refused_without_dedup(tmp_path):
         assert not (tmp_path / "out.zarr").exists()
 
 
+@pytest.mark.slow
 def test_a_file_listed_twice_is_read_once_with_dedup(tmp_path):
     texts = [t for t in sample_texts() if t][:120]
     write_jsonl(tmp_path / "a.jsonl", texts)
@@ -124,6 +127,7 @@ def test_a_file_listed_twice_is_read_once_with_dedup(tmp_path):
 
 
 @pytest.mark.parametrize("dedup", ["none", "exact"])
+@pytest.mark.slow
 def test_identical_texts_inside_one_file(tmp_path, dedup):
     write_jsonl(tmp_path / "a.jsonl", ["same", "other", "same", "same", ""])
     out = tmp_path / "out.zarr"

@@ -73,6 +73,7 @@ def processes_with(temp) -> list[int]:
     (signal.SIGINT, True, ["--direct_num_workers=2", "--direct_running_mode=multi_processing"]),  # Ctrl-C
     (signal.SIGTERM, False, ["--direct_num_workers=2", "--direct_running_mode=multi_processing"]),
 ], ids=["sigterm", "sigint", "ctrl-c-with-workers", "sigterm-with-workers"])
+@pytest.mark.slow
 def test_a_stopped_run_removes_its_temporary_files_and_says_so_in_one_line(tmp_path, corpus, signum, to_group,
                                                                            workers):
     temp = tmp_path / "tmp"
@@ -101,6 +102,7 @@ def test_a_stopped_run_removes_its_temporary_files_and_says_so_in_one_line(tmp_p
     # The same command, no --overwrite: a --no_staging run's rerun starts over (issue 27.9).
     (["--no_staging"], [], "--no_staging kept nothing to resume: rerunning the same command starts over"),
 ], ids=["staged", "no-staging"])
+@pytest.mark.slow
 def test_the_stop_message_says_how_to_go_on_and_that_way_works(tmp_path, corpus, more, rerun, advice):
     temp = tmp_path / "tmp"
     temp.mkdir()
@@ -114,6 +116,7 @@ def test_the_stop_message_says_how_to_go_on_and_that_way_works(tmp_path, corpus,
     assert verify.verify_dataset(str(out)) == []
 
 
+@pytest.mark.slow
 def test_a_later_run_removes_what_killed_runs_of_this_tool_left_and_nothing_else(tmp_path, corpus):
     temp = tmp_path / "tmp"
     temp.mkdir()
@@ -148,6 +151,7 @@ def test_a_later_run_removes_what_killed_runs_of_this_tool_left_and_nothing_else
 
 
 @pytest.mark.parametrize("where", ["in a missing directory", "under a file", "a directory"])
+@pytest.mark.slow
 def test_a_summary_json_that_cannot_be_written_is_refused_before_reading(tmp_path, where):
     (tmp_path / "file.txt").write_text("a file\n")
     (tmp_path / "dir").mkdir()

@@ -64,6 +64,7 @@ def parts(prefix, split):
     return [str(p)[:-4] for p in found]
 
 
+@pytest.mark.slow
 def test_parts_hold_every_sequence_in_order(dataset, tmp_path):
     prefix = tmp_path / "mg" / "corpus"
     proc = export(dataset, prefix, "--part_tokens", "60000", "--append_eod", "0")
@@ -83,6 +84,7 @@ def test_parts_hold_every_sequence_in_order(dataset, tmp_path):
                                            for p in parts(prefix, "validation")) in proc.stdout
 
 
+@pytest.mark.slow
 def test_without_eod_and_on_two_workers_the_same_bytes(dataset, tmp_path):
     one, two = tmp_path / "a" / "x", tmp_path / "b" / "x"
     export(dataset, one, "--part_tokens", "50000")
@@ -94,6 +96,7 @@ def test_without_eod_and_on_two_workers_the_same_bytes(dataset, tmp_path):
     assert [s for p in parts(one, "train") for s in read_indexed_dataset(p)[1]] == [s.tolist() for s in train]
 
 
+@pytest.mark.slow
 def test_ids_of_65500_and_above_are_int32(tmp_path):
     tok = Tokenizer(models.WordLevel({"[UNK]": 0, "small": 5, "big": 65499}, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
@@ -109,6 +112,7 @@ def test_ids_of_65500_and_above_are_int32(tmp_path):
     assert read_indexed_dataset(tmp_path / "mg" / "y-train-00000")[0] == np.int32
 
 
+@pytest.mark.slow
 def test_refusals(dataset, tmp_path):
     prefix = tmp_path / "mg" / "x"
     export(dataset, prefix)
@@ -140,6 +144,7 @@ def wordlevel_dataset(tmp_path, specials=()):
     return tmp_path / "d.zarr"
 
 
+@pytest.mark.slow
 def test_the_tokenizer_s_end_of_text_id_follows_every_sequence_by_default(tmp_path):
     dataset = wordlevel_dataset(tmp_path, ["<pad>", "<|endoftext|>"])  # ids 20 and 21
     proc = export(dataset, tmp_path / "mg" / "x")
@@ -171,6 +176,7 @@ def listing(directory):
     return sorted(p.name for p in directory.iterdir())
 
 
+@pytest.mark.slow
 def test_overwrite_with_other_parts_replaces_all_of_the_earlier_export_and_nothing_else(dataset, tmp_path):
     prefix = tmp_path / "mg" / "x"
     export(dataset, prefix, "--part_tokens", "20000")
@@ -190,6 +196,7 @@ def test_overwrite_with_other_parts_replaces_all_of_the_earlier_export_and_nothi
     assert all((prefix.parent / name).read_text() == "mine" for name in mine)
 
 
+@pytest.mark.slow
 def test_a_file_no_manifest_lists_is_never_replaced(dataset, tmp_path):
     prefix = tmp_path / "mg" / "x"
     prefix.parent.mkdir()
@@ -204,6 +211,7 @@ def test_a_file_no_manifest_lists_is_never_replaced(dataset, tmp_path):
     assert listing(prefix.parent) == ["x.flat-tokens-export.json"]
 
 
+@pytest.mark.slow
 def test_temporary_files_are_removed_when_an_export_fails_and_by_the_next_one(dataset, tmp_path):
     data = tmp_path / "d.zarr"
     shutil.copytree(dataset, data)

@@ -131,6 +131,7 @@ def committed(tmp_path):
     return out
 
 
+@pytest.mark.slow
 def test_the_reader_verify_and_export_refuse_an_output_holding_a_conflict_record(committed):
     (committed / f"{CONFLICT_PREFIX}stalled-run").write_text("train shard 3's chunks of run stalled-run ...")
     for said in refusals_of_every_reader(committed):
@@ -138,6 +139,7 @@ def test_the_reader_verify_and_export_refuse_an_output_holding_a_conflict_record
                in said, said
 
 
+@pytest.mark.slow
 def test_the_reader_verify_and_export_refuse_a_commit_by_a_run_that_does_not_hold_the_newest_claim(committed):
     """A stalled run's commit landing in an output another run has claimed since (and that
     could not be taken back) must not be served as a dataset."""

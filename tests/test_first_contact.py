@@ -59,6 +59,7 @@ def test_no_network(tmp_path):
 
 
 @pytest.mark.parametrize("where", ["output", "input"])
+@pytest.mark.slow
 def test_no_credentials(where, tmp_path, listening):
     """The endpoint answers, but nothing says who is asking: refused before reading, naming
     the first gs:// URL; gcsfs would have gone on anonymously."""

@@ -59,6 +59,7 @@ def gs_direct(gcs, gcs_corpus):
     return gs_run(gcs, "out.zarr")
 
 
+@pytest.mark.slow
 def test_in_process_runner_reads_and_writes_gs(gcs, gs_direct, local_run, tmp_path):
     assert_quiet(gs_direct.stderr)
     check_flat_tokens(fetch(gcs, "out.zarr", tmp_path / "out.zarr"), "--compare", local_run)
@@ -69,6 +70,7 @@ def test_in_process_runner_reads_and_writes_gs(gcs, gs_direct, local_run, tmp_pa
     assert report_rows(gcs.fs.open, gs_reports) == report_rows(open, local_reports)
 
 
+@pytest.mark.slow
 def test_two_worker_processes_overwrite_gs_output(gcs, gcs_corpus, local_run, tmp_path):
     # An earlier run's unfinished output (its claim and a chunk), replaced with --overwrite by
     # workers in other processes. (Anything not this tool's would be refused: test_output_safety.)
@@ -81,6 +83,7 @@ def test_two_worker_processes_overwrite_gs_output(gcs, gcs_corpus, local_run, tm
     check_flat_tokens(fetch(gcs, "out-mp.zarr", tmp_path / "out-mp.zarr"), "--compare", local_run)
 
 
+@pytest.mark.slow
 def test_worker_threads_of_one_process_read_and_write_gs(gcs, local_run, tmp_path):
     """Bundles on four threads at once (multi_threading) share one gcsfs client and its event
     loop: small batches, so that each thread reads, stages and writes many objects."""
@@ -98,6 +101,7 @@ def test_verify_reads_gs_through_the_emulator(gcs, gs_direct):
     assert_quiet(proc.stderr)
 
 
+@pytest.mark.slow
 def test_existing_gs_output_is_refused_without_overwrite(gcs, gs_direct):
     before = gcs.fs.cat(f"{BUCKET}/out.zarr/.zattrs")
     proc = run_pipeline("--input", INPUT, "--tokenizer", f"{GS}/tok.json", "--output", f"{GS}/out.zarr",
@@ -108,6 +112,7 @@ def test_existing_gs_output_is_refused_without_overwrite(gcs, gs_direct):
     assert_quiet(proc.stderr)
 
 
+@pytest.mark.slow
 def test_a_mixture_file_on_gs_reads_its_sources_relative_to_itself(gcs, gcs_corpus, tmp_path):
     """The same mixture text, on gs:// and locally: relative inputs resolve next to the file,
     so both runs read the same files and write the same arrays."""
@@ -136,6 +141,7 @@ def user_env(gcs) -> dict:
     return {**env, "STORAGE_EMULATOR_HOST": gcs.url}
 
 
+@pytest.mark.slow
 def test_only_storage_emulator_host_is_needed_and_the_run_is_quiet(gcs, gcs_corpus, local_run, tmp_path):
     """It used to print ~200 lines of 'Could not determine bucket type ... default credentials
     were not found' (gcsfs's zonal/HNS probe, for every file opened)."""

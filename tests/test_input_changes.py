@@ -42,6 +42,7 @@ def corpus(directory):
 
 
 @pytest.mark.parametrize("change", ["truncating", "appending", "rewriting"])
+@pytest.mark.slow
 def test_a_local_file_changed_during_the_run_fails_it(tmp_path, change):
     """Each used to give a dataset of what the worker found (exit 0)."""
     data = corpus(tmp_path / "data")
@@ -66,6 +67,7 @@ def test_a_parquet_file_changed_during_the_run_fails_it(tmp_path):
 
 
 @pytest.mark.parametrize("change", ["truncating", "rewriting"])
+@pytest.mark.slow
 def test_a_gs_object_changed_during_the_run_fails_it(gcs, tmp_path, change):  # noqa: F811
     """On GCS a rewrite of the same size is a new generation: the workers read the generation
     the launcher listed, or fail."""
@@ -98,6 +100,7 @@ def read_all(f, *, change, storage_options=None):
             got += block
 
 
+@pytest.mark.slow
 def test_a_local_file_truncated_or_grown_while_it_is_read_fails_the_read(tmp_path):
     path = big_jsonl(tmp_path / "big.jsonl")
     [f] = inputs.list_input_files([str(path)], "auto")
@@ -116,6 +119,7 @@ def test_a_local_file_truncated_or_grown_while_it_is_read_fails_the_read(tmp_pat
     assert read_all(f, change=lambda: None) == path.read_bytes()  # unchanged: read whole, no error
 
 
+@pytest.mark.slow
 def test_a_gs_object_rewritten_while_it_is_read_fails_the_read(gcs, tmp_path):  # noqa: F811
     """gcsfs reads the current object at each request: without the generation pinned, the
     rest of the file would come from the new version."""

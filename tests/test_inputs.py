@@ -46,6 +46,7 @@ def three_files(directory):
     return directory
 
 
+@pytest.mark.slow
 def test_an_unreadable_subdirectory_is_refused_naming_it(tmp_path):
     """It used to be skipped without a word: exit 0, and `verify` OK."""
     data = three_files(tmp_path / "data")
@@ -76,6 +77,7 @@ def test_a_file_unreadable_late_in_a_long_listing_is_refused_at_launch(tmp_path)
     assert not (tmp_path / "o.zarr").exists()
 
 
+@pytest.mark.slow
 def test_broken_links_and_link_loops_are_refused_naming_them(tmp_path):
     data = three_files(tmp_path / "data")
     out = ["--output", tmp_path / "o.zarr", *BYTES]
@@ -104,6 +106,7 @@ def test_broken_links_and_link_loops_are_refused_naming_them(tmp_path):
 
 
 @pytest.mark.parametrize("how", ["in a directory", "matched by a glob", "named"])
+@pytest.mark.slow
 def test_a_fifo_is_refused_without_opening_it(tmp_path, how):
     """Opening a FIFO waits for a writer: the launcher used to hang there forever."""
     data = three_files(tmp_path / "data")
@@ -133,6 +136,7 @@ def data_and_other_files(directory):
     return directory
 
 
+@pytest.mark.slow
 def test_a_directory_input_reads_its_data_files_and_lists_what_it_skipped(tmp_path):
     """It used to read the README and the YAML file as JSONL (their lines rejected)."""
     data = data_and_other_files(tmp_path / "data")
@@ -154,6 +158,7 @@ def test_a_directory_input_reads_its_data_files_and_lists_what_it_skipped(tmp_pa
     assert "holds no file named as JSONL or Parquet data" in message and str(only_other / "README.md") in message
 
 
+@pytest.mark.slow
 def test_a_plain_json_file_is_read_only_when_named_and_rejected_lines_name_their_file(tmp_path):
     """A corpus directory with a MANIFEST.json failed on 17% rejected lines, and the error
     named only the report folder. A *.json file is read when named (or globbed), as JSONL."""
@@ -182,6 +187,7 @@ def test_a_huggingface_save_to_disk_folder_is_refused_with_what_to_do(tmp_path):
     assert "to_json or to_parquet" in message, message
 
 
+@pytest.mark.slow
 def test_a_gs_directory_input_reads_its_data_files_and_lists_what_it_skipped(gcs, tmp_path):  # noqa: F811
     data = data_and_other_files(tmp_path / "data")
     gcs.fs.put(str(data) + "/", f"{BUCKET}/mixed-dir/", recursive=True)
@@ -196,6 +202,7 @@ def test_a_gs_directory_input_reads_its_data_files_and_lists_what_it_skipped(gcs
 # Compressed files
 
 
+@pytest.mark.slow
 def test_bz2_and_xz_inputs_hold_the_same_documents_as_plain(tmp_path):
     """They used to be read as raw bytes: every line rejected, after a full read."""
     plain = write_jsonl(tmp_path / "plain" / "c.jsonl", [f"compressed document {i} ✓" for i in range(300)])
@@ -213,6 +220,7 @@ def test_bz2_and_xz_inputs_hold_the_same_documents_as_plain(tmp_path):
         assert sequences(tmp_path / f"{kind}.zarr") == sequences(tmp_path / "plain.zarr")
 
 
+@pytest.mark.slow
 def test_broken_bz2_and_xz_inputs_are_never_read_as_whole(tmp_path):
     raw = write_jsonl(tmp_path / "c.jsonl", [f"document {i}" for i in range(3000)]).read_bytes()
     (tmp_path / "not.jsonl.bz2").write_bytes(b"this is not bzip2 data\n")

@@ -69,6 +69,7 @@ def nearest_rank(sorted_lengths, p):
 # Summary, histogram, provenance
 
 
+@pytest.mark.slow
 def test_summary_states_the_counts_and_provenance(run, bytes_dataset):
     code, out, err = run(bytes_dataset)
     assert code == 0 and err == ""

@@ -14,7 +14,6 @@ pytest.importorskip("jax")
 from pipeline.reader import open_dataset  # noqa: E402
 from tests.helpers import REPO, run_pipeline  # noqa: E402
 
-pytestmark = pytest.mark.slow  # jax starts in a subprocess, twice
 
 PROGRAM = """
 import json, sys

@@ -3,6 +3,7 @@ minimum are dropped and counted; longer ones are split into consecutive sequence
 in one split) or truncated; deterministic, recorded in the provenance, and every count still
 adds up at the commit (with --dedup exact and mixtures too)."""
 import numpy as np
+import pytest
 import zarr
 
 from pipeline import verify
@@ -80,6 +81,7 @@ def rejoined(out, split):
 BYTES = ["--tokenizer", "bytes", "--validation_fraction", "0.1"]
 
 
+@pytest.mark.slow
 def test_split_keeps_every_long_document_whole_in_order_and_in_one_split(tmp_path):
     texts = documents()
     write_jsonl(tmp_path / "in" / "a.jsonl", texts[::2])
@@ -108,6 +110,7 @@ def test_split_keeps_every_long_document_whole_in_order_and_in_one_split(tmp_pat
     check_flat_tokens(again, "--compare", out)
 
 
+@pytest.mark.slow
 def test_truncate_keeps_each_document_s_first_tokens(tmp_path):
     texts = documents(300)
     write_jsonl(tmp_path / "in.jsonl", texts)
@@ -122,6 +125,7 @@ def test_truncate_keeps_each_document_s_first_tokens(tmp_path):
     assert f"{s['truncated']:,} truncated to --max_tokens" in proc.stdout
 
 
+@pytest.mark.slow
 def test_limits_with_dedup_and_a_mixture_keep_the_accounts(tmp_path):
     """Duplicates are whole texts (dedup first); a mixture weighs the tokens written; the
     commit's per-source accounts add up with the dropped and split documents."""
@@ -145,6 +149,7 @@ def test_limits_with_dedup_and_a_mixture_keep_the_accounts(tmp_path):
         assert set(rejoined(out, split)) <= wanted
 
 
+@pytest.mark.slow
 def test_limits_that_cannot_work_are_refused_at_launch(tmp_path):
     src = write_jsonl(tmp_path / "in.jsonl", ["a document"])
     for extra, message in ((["--long_documents", "truncate"], "--long_documents truncate needs --max_tokens"),

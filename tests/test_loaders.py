@@ -50,6 +50,7 @@ def same(a, b):
 
 
 @pytest.mark.parametrize("num_workers", [1, 2, 3])
+@pytest.mark.slow
 def test_workers_of_two_ranks_give_each_rank_s_stream(splits, num_workers):
     train = splits["train"]
     for rank in range(2):
@@ -59,6 +60,7 @@ def test_workers_of_two_ranks_give_each_rank_s_stream(splits, num_workers):
         same(like_a_data_loader([c.batches(j, num_workers) for j, c in enumerate(copies)], 20), want)
 
 
+@pytest.mark.slow
 def test_with_epochs_the_workers_end_together_with_the_stream(splits):
     train = splits["train"]
     want = list(train.packed_batches(LENGTH, 6, seed=1, epochs=1, rank=1, world_size=2, **SIZES))

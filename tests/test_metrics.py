@@ -64,6 +64,7 @@ def run(inputs, tmp_path_factory):
     return metrics, summarize(str(out), 1.0), out
 
 
+@pytest.mark.slow
 def test_counters_agree_with_the_committed_stats(run, inputs):
     metrics, summary, _ = run
     s = summary["stats"]

@@ -79,6 +79,7 @@ def mixed(sources, bpe_tokenizer, tmp_path_factory):
     return out, proc
 
 
+@pytest.mark.slow
 def test_shares_epochs_and_every_sequence_a_document_of_its_source(sources, mixed):
     out, proc = mixed
     train, valid = split_sequences(out, "train"), split_sequences(out, "validation")
@@ -122,6 +123,7 @@ def test_shares_epochs_and_every_sequence_a_document_of_its_source(sources, mixe
     assert row[1] == "0.400" and f"{by_source['more']:,}" in row
 
 
+@pytest.mark.slow
 def test_same_bytes_with_other_shards_and_two_worker_processes(sources, mixed, bpe_tokenizer, tmp_path):
     again = tmp_path / "again.zarr"
     run_pipeline("--mixture", sources.mixture, "--tokenizer", bpe_tokenizer, "--output", again,
@@ -145,6 +147,7 @@ def test_inspect_shows_the_shares_per_source(mixed):
         assert f"{s['train_share']:.3f}" in row and f"{s['share']:.3f}" in row
 
 
+@pytest.mark.slow
 def test_dedup_with_a_mixture_credits_the_first_source(tmp_path):
     """Texts in both sources are kept once and credited to the first source (the kept copy is
     the one at the smallest place), so they are used as often as its documents."""
@@ -178,6 +181,7 @@ def test_dedup_with_a_mixture_credits_the_first_source(tmp_path):
     check_flat_tokens(out)
 
 
+@pytest.mark.slow
 def test_a_source_without_train_tokens_fails_naming_it(tmp_path):
     write_jsonl(tmp_path / "fine.jsonl", paragraphs(SAMPLE / "corpus-1.jsonl")[:50])
     write_jsonl(tmp_path / "hollow.jsonl", ["", "", ""])
@@ -224,6 +228,7 @@ def test_a_bad_mixture_file_is_refused_naming_the_file_and_the_field(tmp_path, t
     assert str(e.value).startswith(f"--mixture {path}: ") and message in str(e.value)
 
 
+@pytest.mark.slow
 def test_bad_mixtures_and_combinations_exit_2_before_reading(tmp_path):
     write_jsonl(tmp_path / "x.jsonl", ["a document"])
     (tmp_path / "bad.json").write_text('{"sources": [{"name": "a", "input": "x.jsonl", "weight": 1,}]}')
@@ -248,6 +253,7 @@ def test_bad_mixtures_and_combinations_exit_2_before_reading(tmp_path):
         assert not (tmp_path / "out.zarr").exists()
 
 
+@pytest.mark.slow
 def test_a_source_with_its_own_validation_input(tmp_path):
     """A source's validation_input forms its share of the validation split, used once, and all
     of its input is train; a source without one holds out --validation_fraction of its input."""

@@ -103,6 +103,7 @@ def planted(tmp_path_factory):
     return root, corpus, args, out
 
 
+@pytest.mark.slow
 def test_near_copies_are_found_as_brute_force_jaccard_says(planted):
     _, corpus, _, out = planted
     texts = sorted({t for t in corpus if t})  # what exact dedup leaves

@@ -78,6 +78,7 @@ def users_home(root):
 
 
 @pytest.mark.parametrize("overwrite", [["--overwrite"], []])
+@pytest.mark.slow
 def test_a_directory_that_is_not_a_dataset_is_refused(tmp_path, small_input, overwrite):
     home = users_home(tmp_path / "home")
     before = digest(home)
@@ -112,6 +113,7 @@ def test_a_zarr_store_written_by_something_else_is_refused(tmp_path, small_input
     assert digest(other) == before
 
 
+@pytest.mark.slow
 def test_a_dataset_holding_a_users_file_is_refused(tmp_path, small_input):
     out = tmp_path / "out.zarr"
     run_pipeline("--input", small_input, *BYTES, "--output", out)
@@ -122,6 +124,7 @@ def test_a_dataset_holding_a_users_file_is_refused(tmp_path, small_input):
     assert digest(out) == before
 
 
+@pytest.mark.slow
 def test_zarrs_temporary_files_of_a_write_in_flight_are_ours_and_a_lookalike_is_not(tmp_path, small_input):
     # zarr writes every object under a temporary name (`.zattrs.<hex>.partial`) and renames
     # it: a run launched while another writes (or after one was killed mid-write) finds them.
@@ -140,6 +143,7 @@ def test_zarrs_temporary_files_of_a_write_in_flight_are_ours_and_a_lookalike_is_
     assert digest(out) == before
 
 
+@pytest.mark.slow
 def test_overwrite_replaces_this_tools_outputs_and_nothing_beside_them(tmp_path, small_input):
     """An empty directory, a committed dataset, an unfinished output (a failed run's) and a
     dataset of an earlier version without a claim are all replaced; a sibling file is not."""
@@ -167,6 +171,7 @@ def test_overwrite_replaces_this_tools_outputs_and_nothing_beside_them(tmp_path,
     assert (tmp_path / "sibling.txt").read_text() == "beside the output\n"
 
 
+@pytest.mark.slow
 def test_the_optional_seq_sources_array_is_this_tools_too(tmp_path, small_input):
     """A split's `seq_sources` (the per-sequence sources extension) is an array the layout
     writes: an output holding one is replaced, and a file beside its chunks is not ours."""
@@ -183,6 +188,7 @@ def test_the_optional_seq_sources_array_is_this_tools_too(tmp_path, small_input)
     assert not (out / "train" / "seq_sources").exists()
 
 
+@pytest.mark.slow
 def test_a_users_file_that_appears_while_the_output_is_replaced_is_left_there(tmp_path, small_input):
     """The check before deleting passed; then someone puts a file into train/. The deletion
     removes only what the layout wrote, object by object, and refuses what is left."""
@@ -202,6 +208,7 @@ def test_a_users_file_that_appears_while_the_output_is_replaced_is_left_there(tm
 
 
 @pytest.mark.parametrize("overwrite", [["--overwrite"], []])
+@pytest.mark.slow
 def test_an_output_holding_an_input_is_refused(tmp_path, overwrite):
     """`--input data/ --output data/out.zarr`: the first run is fine; a rerun used to find its
     own output among the input directory's files and refuse (issue 27.8): the listing now
@@ -225,6 +232,7 @@ def test_an_output_holding_an_input_is_refused(tmp_path, overwrite):
 
 
 @pytest.mark.parametrize("overwrite", [["--overwrite"], []])
+@pytest.mark.slow
 def test_an_output_holding_the_rejected_directory_is_refused(tmp_path, small_input, overwrite):
     out = tmp_path / "out.zarr"
     proc = run_pipeline("--input", small_input, *BYTES, "--output", out, "--rejected_output", out / "rejected",
@@ -237,6 +245,7 @@ def test_an_output_holding_the_rejected_directory_is_refused(tmp_path, small_inp
 # 3. The rejected-lines directory
 
 
+@pytest.mark.slow
 def test_only_the_replaced_runs_reports_are_deleted_from_the_rejected_directory(tmp_path):
     dirty = write_jsonl(tmp_path / "in" / "dirty.jsonl", [f"doc {i}" for i in range(20)])
     with open(dirty, "a") as f:
@@ -417,6 +426,7 @@ def test_a_chunk_write_that_fails_on_the_pool_fails_the_bundle_after_the_claim_i
     assert not [n for n in os.listdir(tmp_path / "o.zarr") if n.startswith(CONFLICT_PREFIX)]
 
 
+@pytest.mark.slow
 def test_a_dataset_committed_after_launch_is_not_deleted(tmp_path, small_input):
     """A run launched when the output was absent finds, at CreateOutput, a dataset another
     run committed meanwhile: even with --overwrite it stops and deletes nothing."""
@@ -488,6 +498,7 @@ def race(tmp_path, out, runs):
     return results
 
 
+@pytest.mark.slow
 def test_two_runs_racing_for_one_output(tmp_path):
     alpha = write_jsonl(tmp_path / "alpha.jsonl", [f"alpha {i} " + "a" * (i % 31) for i in range(1200)])
     beta = write_jsonl(tmp_path / "beta.jsonl", [f"beta {i} " + "b" * (i % 29) for i in range(1000)])
@@ -544,6 +555,7 @@ def truncated(kind: str, data: bytes) -> bytes:
 
 
 @pytest.mark.parametrize("kind", ["gz", "gz-corrupt", "zst"])
+@pytest.mark.slow
 def test_a_truncated_compressed_input_names_the_file_and_the_place(tmp_path, kind):
     lines = [json.dumps({"text": f"document {i} " + "lorem ipsum " * (i % 23)}).encode() + b"\n" for i in range(4000)]
     data = b"".join(lines)
@@ -621,6 +633,7 @@ def place(request, tmp_path):
     return Place(f"gs://{BUCKET}/place-{uuid.uuid4().hex[:8]}", emulator.fs, emulator.env)
 
 
+@pytest.mark.slow
 def test_verify_finds_a_chunk_lost_inside_a_long_document(place, tmp_path):
     """zarr reads a lost chunk as zeros; inside a long document zeros carry no start bit, as
     they should not: only the listing of the chunks can tell. Both splits, both arrays."""
@@ -638,6 +651,7 @@ def test_verify_finds_a_chunk_lost_inside_a_long_document(place, tmp_path):
         "them as zeros"]
 
 
+@pytest.mark.slow
 def test_overwrite_refuses_a_users_files_anywhere_in_the_tree(place, small_input):
     """Not one level deep: a file or directory inside train/, validation/ or an array's
     directory (even one named like a chunk the arrays do not have) is not this tool's."""
@@ -711,6 +725,7 @@ def slow_input(tmp_path, name, n):
             "--batch_documents", "100"]
 
 
+@pytest.mark.slow
 def test_a_dataset_committed_after_a_takeover_was_launched_is_not_deleted(place, tmp_path):
     """Run B (--overwrite) is launched while run A is still writing, so B's launcher sees an
     unfinished output; A then commits before B replaces it. A committed dataset is deleted
@@ -738,6 +753,7 @@ def test_a_dataset_committed_after_a_takeover_was_launched_is_not_deleted(place,
     assert place.verify() == []
 
 
+@pytest.mark.slow
 def test_taking_over_a_run_that_is_still_writing(place, tmp_path):
     """Run B (--overwrite) takes over run A's output while A is writing chunks (the crash
     recovery path cannot tell a live run from a killed one). B waits for A's write in
@@ -777,6 +793,7 @@ def without_run_ids(place, name: str) -> dict:
     return out
 
 
+@pytest.mark.slow
 def test_a_stalled_writer_cannot_change_the_dataset_that_replaced_it(place, tmp_path):
     """Issue 27.2. Run A is frozen (SIGSTOP) while it writes chunks; run B takes the output
     over with --overwrite, waits for A's write in flight (here 1 s), goes on without it,
@@ -835,6 +852,7 @@ def gs_run(gcs, *args, check=False):
     return run_pipeline(*args, env=gcs.env, check=check, timeout=200)
 
 
+@pytest.mark.slow
 def test_gs_objects_that_are_not_a_dataset_are_refused(gcs, gcs_corpus):
     gcs.fs.pipe({f"{BUCKET}/safety/home/notes.txt": b"precious\n", f"{BUCKET}/safety/home/projects/main.py": b"code\n",
                  f"{BUCKET}/safety/file.txt": b"hi\n"})
@@ -849,6 +867,7 @@ def test_gs_objects_that_are_not_a_dataset_are_refused(gcs, gcs_corpus):
 
 @pytest.mark.parametrize("root", [f"gs://{BUCKET}", f"gs://{BUCKET}/"])
 @pytest.mark.parametrize("overwrite", [["--overwrite"], []])
+@pytest.mark.slow
 def test_gs_a_bucket_root_is_never_an_output(gcs, gcs_corpus, root, overwrite):
     before = gs_digest(gcs, f"gs://{BUCKET}")
     proc = gs_run(gcs, *GS_ARGS, "--output", root, *overwrite)
@@ -856,6 +875,7 @@ def test_gs_a_bucket_root_is_never_an_output(gcs, gcs_corpus, root, overwrite):
     assert gs_digest(gcs, f"gs://{BUCKET}") == before
 
 
+@pytest.mark.slow
 def test_gs_a_dataset_holding_a_users_object_is_refused_and_one_without_is_replaced(gcs, gcs_corpus):
     out = gs("out.zarr")
     gs_run(gcs, *GS_ARGS, "--output", out, check=True)
@@ -872,6 +892,7 @@ def test_gs_a_dataset_holding_a_users_object_is_refused_and_one_without_is_repla
         ".flat-tokens-run.2"]
 
 
+@pytest.mark.slow
 def test_gs_outputs_holding_an_input_or_the_rejected_directory_are_refused(gcs, gcs_corpus):
     gcs.fs.pipe(f"{BUCKET}/safety/data/docs.jsonl", b'{"text": "one"}\n{"text": "two"}\n')
     data, out = gs("data"), gs("data", "out.zarr")
@@ -889,6 +910,7 @@ def test_gs_outputs_holding_an_input_or_the_rejected_directory_are_refused(gcs, 
     assert gs_digest(gcs, data) == before and not gs_digest(gcs, gs("r.zarr"))
 
 
+@pytest.mark.slow
 def test_gs_a_users_files_in_the_rejected_directory_survive(gcs, gcs_corpus):
     reports = gs("reports")
     users = {f"{BUCKET}/safety/reports/rejected-notes.jsonl": b'{"my": "notes"}\n',
@@ -903,6 +925,7 @@ def test_gs_a_users_files_in_the_rejected_directory_survive(gcs, gcs_corpus):
     assert {p: now[p] for p in users} == {p: hashlib.sha256(v).hexdigest() for p, v in users.items()}
 
 
+@pytest.mark.slow
 def test_gs_a_truncated_compressed_input_is_named(gcs, gcs_corpus):
     data = b"".join(json.dumps({"text": f"document {i} " + "x" * (i % 50)}).encode() + b"\n" for i in range(3000))
     broken = f"{BUCKET}/safety/broken/part.jsonl.gz"
@@ -914,6 +937,7 @@ def test_gs_a_truncated_compressed_input_is_named(gcs, gcs_corpus):
                      rf"end-of-stream marker was reached", proc.stderr), proc.stderr
 
 
+@pytest.mark.slow
 def test_gs_two_runs_racing_for_one_output(gcs, gcs_corpus, tmp_path):
     """Both with --overwrite on a committed dataset, started at once, on gs://."""
     out = gs("race.zarr")

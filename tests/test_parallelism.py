@@ -86,6 +86,7 @@ def processes_of_a_run(tmp_path, *extra, env=None) -> dict[int, str]:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="workers are forked on Linux only")
+@pytest.mark.slow
 def test_worker_processes_are_forked_from_the_launcher_not_started_anew(tmp_path):
     """Forked: the fork server and its two workers run the launcher's own command line (no
     new interpreter, no `pipeline.worker`). With FLAT_TOKENS_FORK_WORKERS=0 Beam's way:
@@ -136,6 +137,7 @@ def test_another_runner_decides_its_own_parallelism_and_refuses_an_explicit_one(
 
 
 @pytest.mark.parametrize("value", ["0", "-2", "many", "1.5"])
+@pytest.mark.slow
 def test_a_bad_value_is_refused_before_anything_is_read(tmp_path, value):
     src = write_jsonl(tmp_path / "in.jsonl", ["a document"])
     proc = run_pipeline("--input", src, "--tokenizer", "bytes", "--output", tmp_path / "o.zarr",

@@ -111,6 +111,7 @@ def local_run(mixed, bpe_tokenizer, tmp_path_factory):
     return out, proc
 
 
+@pytest.mark.slow
 def test_every_document_lands_once_and_every_bad_row_is_reported(mixed, local_run, bpe_tokenizer):
     _, expected = mixed
     out, proc = local_run
@@ -135,6 +136,7 @@ def test_every_document_lands_once_and_every_bad_row_is_reported(mixed, local_ru
     assert f"{len(EXPECTED_REJECTED)} rejected lines" in proc.stdout
 
 
+@pytest.mark.slow
 def test_rejected_rows_count_against_the_limit(mixed, bpe_tokenizer, tmp_path):
     src, _ = mixed
     proc = run_pipeline("--input", src, "--tokenizer", bpe_tokenizer, "--output", tmp_path / "o.zarr",
@@ -145,6 +147,7 @@ def test_rejected_rows_count_against_the_limit(mixed, bpe_tokenizer, tmp_path):
     assert verify.verify_dataset(str(tmp_path / "o.zarr"))  # not committed
 
 
+@pytest.mark.slow
 def test_two_worker_processes_write_the_same_bytes(mixed, local_run, bpe_tokenizer, tmp_path):
     src, _ = mixed
     out, _ = local_run
@@ -154,6 +157,7 @@ def test_two_worker_processes_write_the_same_bytes(mixed, local_run, bpe_tokeniz
     assert report_rows((tmp_path / "mp.zarr.rejected").glob("*.jsonl")) == EXPECTED_REJECTED
 
 
+@pytest.mark.slow
 def test_gs_parquet_input_through_the_emulator(gcs, mixed, local_run, bpe_tokenizer, tmp_path):  # noqa: F811
     src, _ = mixed
     out, _ = local_run
@@ -174,6 +178,7 @@ def test_gs_parquet_input_through_the_emulator(gcs, mixed, local_run, bpe_tokeni
 # The same documents as JSONL and as Parquet
 
 
+@pytest.mark.slow
 def test_jsonl_and_parquet_of_the_same_documents_give_the_same_sequences(tmp_path):
     texts = sample_texts()[:200] + ["naïve café — 東京 🚀", "", "   "]
     write_jsonl(tmp_path / "jsonl" / "c.jsonl", texts)
@@ -190,6 +195,7 @@ def test_jsonl_and_parquet_of_the_same_documents_give_the_same_sequences(tmp_pat
     check_flat_tokens(tmp_path / "pq16.zarr", "--input", tmp_path / "jsonl" / "c.jsonl", "--tokenizer", "bytes")
 
 
+@pytest.mark.slow
 def test_text_key_names_the_column(tmp_path):
     write_parquet(tmp_path / "in" / "a.parquet", {"text": ["not this"] * 3, "content": ["one", "two", None]})
     run_pipeline("--input", tmp_path / "in", "--output", tmp_path / "o.zarr", "--tokenizer", "bytes",
@@ -211,6 +217,7 @@ def usage_error(*args):
     return lines[0]
 
 
+@pytest.mark.slow
 def test_a_missing_text_column_fails_at_launch_naming_the_columns(tmp_path):
     write_jsonl(tmp_path / "in" / "a.jsonl", ["fine"])
     write_parquet(tmp_path / "in" / "b.parquet", {"body": ["x"], "id": [1]})
@@ -232,6 +239,7 @@ def test_a_missing_text_column_fails_at_launch_naming_the_columns(tmp_path):
 # The tokenizer guard reads Parquet too
 
 
+@pytest.mark.slow
 def test_the_tokenizer_guard_reads_parquet_and_names_the_row(tmp_path, bpe_tokenizer):
     texts = [f"ordinary document {i}" for i in range(400)]
     common = ["--tokenizer", bpe_tokenizer, "--tokenizer_backend", "tests.wrong_backends:wrong_on_rare_documents"]
@@ -283,6 +291,7 @@ def test_rows_are_numbered_across_row_groups_and_record_batches(tmp_path):
 
 
 @pytest.mark.parametrize("row_groups", [0, 2])
+@pytest.mark.slow
 def test_parquet_without_rows_commits_an_empty_dataset_as_jsonl_without_lines_does(tmp_path, row_groups):
     """The run used to fail at the commit ('EmptySideInput' object has no attribute 'get'):
     no rows, no unit of work, no counts at all."""

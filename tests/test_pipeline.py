@@ -59,6 +59,7 @@ def test_worked_example_through_the_writer_path(tmp_path):
 
 
 @pytest.mark.parametrize("tokenizer", ["bpe", "bytes"])
+@pytest.mark.slow
 def test_every_document_lands_once_in_a_shuffled_order(tmp_path, corpus, bpe_tokenizer, tokenizer):
     spec = str(bpe_tokenizer) if tokenizer == "bpe" else "bytes"
     out = tmp_path / "out.zarr"
@@ -74,6 +75,7 @@ def test_every_document_lands_once_in_a_shuffled_order(tmp_path, corpus, bpe_tok
     assert stats["documents"] == 606
 
 
+@pytest.mark.slow
 def test_multiprocessing_tiny_chunks_and_many_shards_give_identical_arrays(tmp_path, corpus, bpe_tokenizer):
     """Race stress: 5-token chunks and 23 shards written by two processes concurrently."""
     common = ["--input", f"{corpus}/*.jsonl", "--tokenizer", bpe_tokenizer]
@@ -84,6 +86,7 @@ def test_multiprocessing_tiny_chunks_and_many_shards_give_identical_arrays(tmp_p
                       "--compare", tmp_path / "a.zarr")
 
 
+@pytest.mark.slow
 def test_another_seed_gives_another_order_of_the_same_documents(tmp_path, corpus):
     common = ["--input", f"{corpus}/*.jsonl", "--tokenizer", "bytes", "--validation_fraction", "0"]
     run_pipeline(*common, "--output", tmp_path / "s0.zarr")
@@ -92,6 +95,7 @@ def test_another_seed_gives_another_order_of_the_same_documents(tmp_path, corpus
     assert a != b and Counter(a) == Counter(b)
 
 
+@pytest.mark.slow
 def test_the_same_documents_split_into_other_files_give_the_same_multiset(tmp_path, corpus):
     texts = [line for p in sorted(corpus.glob("*.jsonl")) for line in p.read_text(encoding="utf-8").splitlines()]
     (tmp_path / "one").mkdir()
@@ -101,6 +105,7 @@ def test_the_same_documents_split_into_other_files_give_the_same_multiset(tmp_pa
     assert Counter(sequences(tmp_path / "three.zarr")) == Counter(sequences(tmp_path / "one.zarr"))
 
 
+@pytest.mark.slow
 def test_one_document_and_an_empty_validation_split(tmp_path):
     write_jsonl(tmp_path / "in.jsonl", ["only one"])
     out = tmp_path / "out.zarr"
@@ -113,6 +118,7 @@ def test_one_document_and_an_empty_validation_split(tmp_path):
     assert verify.verify_dataset(str(out)) == []
 
 
+@pytest.mark.slow
 def test_an_input_without_a_document_to_write_gives_an_empty_committed_dataset(tmp_path):
     """No shard sizes at all: the layout side input falls back to no shards."""
     (tmp_path / "in.jsonl").write_text('\n   \n{"text": ""}\n\n', encoding="utf-8")
@@ -126,6 +132,7 @@ def test_an_input_without_a_document_to_write_gives_an_empty_committed_dataset(t
     assert verify.verify_dataset(str(out)) == []
 
 
+@pytest.mark.slow
 def test_validation_input_forms_the_validation_split(tmp_path):
     write_jsonl(tmp_path / "train.jsonl", [f"train {i}" for i in range(50)])
     write_jsonl(tmp_path / "valid.jsonl", [f"valid {i}" for i in range(7)])
@@ -152,6 +159,7 @@ def test_a_validation_fraction_with_a_validation_input_is_refused(tmp_path):
 
 @pytest.mark.parametrize("extra", [["--zarr_format", "3"], ["--zarr_format", "3", "--chunks_per_shard", "4",
                                                            "--tokens_chunk_size", "16", "--seq_starts_chunk_size", "4"]])
+@pytest.mark.slow
 def test_zarr_format_3_holds_the_same_arrays(tmp_path, corpus, extra):
     common = ["--input", f"{corpus}/*.jsonl", "--tokenizer", "bytes"]
     run_pipeline(*common, "--output", tmp_path / "v2.zarr")
@@ -160,6 +168,7 @@ def test_zarr_format_3_holds_the_same_arrays(tmp_path, corpus, extra):
     assert verify.verify_dataset(str(tmp_path / "v3.zarr")) == []
 
 
+@pytest.mark.slow
 def test_no_special_tokens_are_added(tmp_path):
     tok = Tokenizer(models.WordLevel({"[UNK]": 0, "<s>": 1, "hello": 2, "world": 3}, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
@@ -183,6 +192,7 @@ def save_word_level(path, vocab: dict) -> None:
     path.write_text(json.dumps(spec))
 
 
+@pytest.mark.slow
 def test_ids_wider_than_16_bits_meet_narrow_ones_in_one_shard(tmp_path):
     """Batches cross the shuffle as uint16 ids when they fit and uint32 otherwise; one shard
     holding both must keep every id, up to the format's largest (2**31-1)."""
@@ -199,6 +209,7 @@ def test_ids_wider_than_16_bits_meet_narrow_ones_in_one_shard(tmp_path):
     check_flat_tokens(tmp_path / "o.zarr", "--input", f"{tmp_path}/in/*.jsonl", "--tokenizer", tmp_path / "tok.json")
 
 
+@pytest.mark.slow
 def test_a_token_id_above_2_31_fails_the_job_naming_the_tokenizer(tmp_path):
     save_word_level(tmp_path / "big.json", {"[UNK]": 0, "big": 2**31})
     write_jsonl(tmp_path / "in.jsonl", ["big"])
@@ -210,6 +221,7 @@ def test_a_token_id_above_2_31_fails_the_job_naming_the_tokenizer(tmp_path):
     assert not out.exists() or verify.verify_dataset(str(out))  # never a committed dataset
 
 
+@pytest.mark.slow
 def test_a_zarr_2_reader_opens_the_default_output(tmp_path, tmp_path_factory, corpus):
     out = tmp_path / "out.zarr"
     run_pipeline("--input", f"{corpus}/*.jsonl", "--output", out, "--tokenizer", "bytes", "--tokens_chunk_size", "1000")

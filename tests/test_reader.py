@@ -84,6 +84,7 @@ def example(request, tmp_path):
 # A real pipeline run
 
 
+@pytest.mark.slow
 def test_every_sequence_equals_the_checkers_decode(bytes_dataset, decoded):
     root = zarr.open_group(str(bytes_dataset), mode="r")
     for name, got in decoded.items():
@@ -136,6 +137,7 @@ def test_packed_windows_tile_the_token_array(bytes_dataset):
         assert inputs[row].tolist() == want_inputs
 
 
+@pytest.mark.slow
 def test_concurrent_reads_from_threads(bytes_dataset):
     train = FlatTokensSplit(str(bytes_dataset))
     order = np.random.default_rng(0).permutation(len(train))[:150].tolist() * 2
@@ -332,6 +334,7 @@ def tiny_chunks(tmp_path_factory):
 
 
 @pytest.mark.parametrize("reads", ["default", "tiny"])
+@pytest.mark.slow
 def test_iteration_equals_a_raw_read(bytes_dataset, tiny_chunks, reads, monkeypatch):
     if reads == "tiny":  # reads far shorter than most sequences: each is stitched from many
         monkeypatch.setattr(reader, "TOKENS_READ", 40)
@@ -395,6 +398,7 @@ def test_a_split_shorter_than_one_window_raises(example):
     assert next(train.packed_batches(8, 2))[1].tolist() == [list(range(1, 9))] * 2  # one window, every step
 
 
+@pytest.mark.slow
 def test_an_epoch_holds_every_full_window_exactly_once(bytes_dataset):
     train = FlatTokensSplit(str(bytes_dataset))
     length, batch = 64, 7
@@ -421,6 +425,7 @@ def test_windows_are_read_as_contiguous_blocks_once_per_epoch(bytes_dataset):
     assert spy.reads != want  # in a shuffled block order
 
 
+@pytest.mark.slow
 def test_the_stream_goes_on_epoch_after_epoch(bytes_dataset):
     train = FlatTokensSplit(str(bytes_dataset))
     length, batch = 64, 7
@@ -439,6 +444,7 @@ def test_the_stream_goes_on_epoch_after_epoch(bytes_dataset):
 
 
 @pytest.mark.parametrize("sizes", [{}, {"block_tokens": 3 * 64, "buffer_blocks": 4}], ids=["default", "small"])
+@pytest.mark.slow
 def test_start_step_resumes_exactly(bytes_dataset, sizes):
     train = FlatTokensSplit(str(bytes_dataset))
     length, batch = 64, 9
@@ -506,6 +512,7 @@ def assert_same_batches(a, b):
         assert np.array_equal(i0, i1) and np.array_equal(t0, t1)
 
 
+@pytest.mark.slow
 def test_a_pickled_split_goes_on_with_the_same_batches(bytes_dataset, tmp_path):
     train = FlatTokensSplit(str(bytes_dataset))
     batches = train.packed_batches(64, 8, seed=4)
@@ -518,6 +525,7 @@ def test_a_pickled_split_goes_on_with_the_same_batches(bytes_dataset, tmp_path):
     assert_same_batches(first, in_a_worker(tmp_path, split=worker["split"], start=0, count=3)["batches"])
 
 
+@pytest.mark.slow
 def test_gs_iteration_and_batches_equal_local(gcs, bytes_dataset, tmp_path):
     """The real GCS emulator: the dataset uploaded, read back through gcsfs in another process,
     whose split, pickled mid-use, goes on in a third. (In other processes because gcsfs picks

@@ -68,6 +68,7 @@ def windows_of(batch, length):
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 4, 8])
+@pytest.mark.slow
 def test_the_hosts_share_each_epoch_and_batches_depend_on_seed_step_and_world_size(numbered, world_size):
     length, batch = 64, 16
     n = numbered.num_windows(length)
@@ -90,6 +91,7 @@ def test_the_hosts_share_each_epoch_and_batches_depend_on_seed_step_and_world_si
     assert [windows_of(b, length) for b in other] != hosts[0][:4]
 
 
+@pytest.mark.slow
 def test_with_epochs_every_rank_yields_as_many_batches(train):
     length, world_size = LONG, 4
     n = train.num_windows(length)

@@ -42,6 +42,7 @@ def dataset(written, tmp_path, monkeypatch):
     return shutil.copytree(written, tmp_path / "a.zarr")
 
 
+@pytest.mark.slow
 def test_a_lost_chunk_raises_where_plain_zarr_reads_zeros(dataset):
     (dataset / "train" / "encoded_tokens" / "1").unlink()
     plain = zarr.open_group(str(dataset), mode="r")["train"]["encoded_tokens"]
@@ -81,6 +82,7 @@ def test_a_deleted_dataset_raises(dataset):
             read()
 
 
+@pytest.mark.slow
 def test_a_dataset_replaced_by_overwrite_raises(dataset, corpus):
     train = FlatTokensSplit(str(dataset))
     before = train.sequence(0)
@@ -143,6 +145,7 @@ def reads_after(gcs, url, change) -> dict:
 
 
 @pytest.mark.parametrize("change", ["deleted", "overwritten", "lost chunk"])
+@pytest.mark.slow
 def test_on_gcs(gcs, written, corpus, change):
     name = f"guard-{change.replace(' ', '-')}.zarr"
     gcs.fs.put(str(written) + "/", f"{BUCKET}/{name}/", recursive=True)
@@ -167,6 +170,7 @@ def test_on_gcs(gcs, written, corpus, change):
         assert set(found.values()) <= {"MissingChunk", "DatasetReplaced", "DatasetError"} and len(found) == 6, found
 
 
+@pytest.mark.slow
 def test_a_lost_shard_raises_with_zarr_3(corpus, tmp_path):
     out = write(corpus, tmp_path / "v3.zarr", "--zarr_format", "3", "--chunks_per_shard", "2")
     (out / "train" / "encoded_tokens" / "c" / "1").unlink()  # one shard object: chunks 2 and 3

@@ -16,8 +16,6 @@ from pipeline.blend import Blend
 from pipeline.reader import open_dataset
 from tests.helpers import REPO, run_pipeline
 
-pytestmark = pytest.mark.slow  # builds a virtual environment and installs into it
-
 TRAINER = """
 import json, sys
 import numpy as np
@@ -86,6 +84,7 @@ def in_venv(bin_dir, *args, cwd):
                           env={"PATH": f"{bin_dir}:/usr/bin:/bin"})
 
 
+@pytest.mark.slow  # builds a virtual environment and installs into it
 def test_the_reader_install_trains_a_step_blends_and_verifies(reader_venv, tmp_path, corpus):
     out = tmp_path / "d.zarr"
     run_pipeline("--input", f"{corpus}/*.jsonl", "--output", out, "--tokenizer", "bytes", "--validation_fraction", "0.1")

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from pipeline.options import OPTIONS, FlatTokensOptions, default_text
 from tests.helpers import REPO
 
@@ -59,6 +61,7 @@ def test_the_readme_commands_are_what_ci_runs():
     assert tests in ci
 
 
+@pytest.mark.slow
 def test_the_gs_recipe_runs_as_written(tmp_path):
     """docs/scale.md's 'Trying gs:// locally' block, run by bash. Changed only where this machine
     differs: a free port instead of 4443, and this interpreter's bin/ instead of .venv/bin/."""

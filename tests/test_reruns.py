@@ -9,6 +9,7 @@ import sys
 import time
 
 import numpy as np
+import pytest
 import zarr
 
 from pipeline import verify
@@ -37,6 +38,7 @@ def same_arrays(a, b) -> bool:
     return proc.returncode == 0
 
 
+@pytest.mark.slow
 def test_an_existing_dataset_is_refused_without_overwrite(tmp_path):
     src = write_jsonl(tmp_path / "in.jsonl", ["a document"])
     out = tmp_path / "out.zarr"
@@ -57,6 +59,7 @@ def chunk_files(path):
     return sum(1 for name in os.listdir(d) if not name.startswith(".")) if d.is_dir() else 0
 
 
+@pytest.mark.slow
 def test_sigkill_at_any_moment_never_leaves_a_mixed_dataset_and_a_rerun_matches(tmp_path):
     texts = [f"document {i} " + "words and more words " * (i % 17) for i in range(3000)]
     for i in range(3):
@@ -150,6 +153,7 @@ def test_every_write_step_is_idempotent_under_retry(tmp_path):
     assert verify.verify_dataset(str(tmp_path / "o.zarr")) == []
 
 
+@pytest.mark.slow
 def test_an_output_inside_its_own_input_directory_is_left_out_of_later_runs(tmp_path):
     """`--input DIR --output DIR/out.zarr` worked once; then the input held the output (exit
     2), and the rejected-lines report under DIR was read back as data."""
@@ -171,6 +175,7 @@ def test_an_output_inside_its_own_input_directory_is_left_out_of_later_runs(tmp_
             subprocess.run(["cp", "-r", str(data / "out.zarr"), str(tmp_path / "first.zarr")], check=True)
 
 
+@pytest.mark.slow
 def test_a_summary_json_inside_the_output_is_the_output_s_own(tmp_path):
     """It could not be written on the first run (the output's directory did not exist yet),
     and once there it made the output foreign: the next --overwrite was refused."""
@@ -192,6 +197,7 @@ def test_a_summary_json_inside_the_output_is_the_output_s_own(tmp_path):
     assert proc.returncode == 2 and "where the dataset's own files go" in proc.stderr, proc.stderr
 
 
+@pytest.mark.slow
 def test_the_same_command_after_its_commit_finds_the_dataset_already_built(tmp_path):
     """A run killed after its commit, or a scheduler's retry of a job that finished, reran the
     command and got exit 2 ("exists and is not empty"). The same command over the same input

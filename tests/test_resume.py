@@ -128,6 +128,7 @@ MOMENTS = {  # five moments spread over the run, each observed in the output's s
 }
 
 
+@pytest.mark.slow
 def test_a_run_killed_at_five_moments_resumes_to_the_same_bytes(job, tmp_path):
     root, args, ref = job
     expected = dataset_digest(ref)
@@ -145,6 +146,7 @@ def test_a_run_killed_at_five_moments_resumes_to_the_same_bytes(job, tmp_path):
     assert seen["arrays created"][0] == FILES and seen["most shards written"][1] > seen["a few shards written"][1] > 0
 
 
+@pytest.mark.slow
 def test_a_run_killed_twice_resumes_to_the_same_bytes(job, tmp_path):
     root, args, ref = job
     out = tmp_path / "twice.zarr"
@@ -159,6 +161,7 @@ def test_a_run_killed_twice_resumes_to_the_same_bytes(job, tmp_path):
     check_flat_tokens(out, "--compare", ref)
 
 
+@pytest.mark.slow
 def test_a_lease_a_kill_left_half_written_does_not_hold_the_rerun(job, tmp_path):
     """A SIGKILL while a write's lease is being created leaves it empty; the rerun must not
     wait for a writer that never passed its check."""
@@ -171,6 +174,7 @@ def test_a_lease_a_kill_left_half_written_does_not_hold_the_rerun(job, tmp_path)
     assert dataset_digest(out) == dataset_digest(ref)
 
 
+@pytest.mark.slow
 def test_the_summary_says_what_was_reused(job, tmp_path):
     root, args, ref = job
     out = tmp_path / "out.zarr"
@@ -180,6 +184,7 @@ def test_the_summary_says_what_was_reused(job, tmp_path):
     assert line.strip().startswith(f"resumed: reused {FILES} of {FILES} input units, ") and " chunks" in line
 
 
+@pytest.mark.slow
 def test_a_routine_resume_after_a_kill_says_plainly_that_nothing_is_wrong(job, tmp_path):
     """The rerun printed `waiting for run ...'s write ... to land` and `should it land later,
     that run leaves a conflict record` for the lease of a process the kill had ended."""
@@ -208,6 +213,7 @@ def fresh(root: Path, args: list, name: str) -> dict:
     return dataset_digest(out)
 
 
+@pytest.mark.slow
 def test_a_changed_input_file_is_read_again_and_no_chunk_is_reused(tmp_path):
     corpus(tmp_path / "in")
     args = job_args(tmp_path)
@@ -226,6 +232,7 @@ def test_a_changed_input_file_is_read_again_and_no_chunk_is_reused(tmp_path):
     assert dataset_digest(out) == fresh(tmp_path, args, "fresh.zarr")
 
 
+@pytest.mark.slow
 def test_an_input_file_changed_in_place_to_the_same_size_is_read_again(tmp_path):
     """Same size, other bytes: the modification time tells them apart."""
     corpus(tmp_path / "in")
@@ -241,6 +248,7 @@ def test_an_input_file_changed_in_place_to_the_same_size_is_read_again(tmp_path)
     assert dataset_digest(out) == fresh(tmp_path, args, "fresh.zarr")
 
 
+@pytest.mark.slow
 def test_an_input_file_edited_in_place_with_its_size_and_modification_time_restored_is_read_again(tmp_path):
     """Issue 27.4: same size, same modification time, other bytes. Only the bytes tell: a
     rerun reads again the bytes each staged unit was read from and compares their sha256
@@ -260,6 +268,7 @@ def test_an_input_file_edited_in_place_with_its_size_and_modification_time_resto
     assert dataset_digest(out) == fresh(tmp_path, args, "fresh.zarr")
 
 
+@pytest.mark.slow
 def test_a_changed_tokenizer_file_redoes_everything(tmp_path):
     texts = [f"text {i} about tokenizers and shards " * (1 + i % 5) for i in range(2000)]
     for i in range(4):
@@ -280,6 +289,7 @@ def test_a_changed_tokenizer_file_redoes_everything(tmp_path):
     assert dataset_digest(out) == fresh(tmp_path, args, "fresh.zarr")
 
 
+@pytest.mark.slow
 def test_another_command_needs_overwrite_and_reuses_only_what_its_options_leave_alike(job, tmp_path):
     root, args, _ = job
     out = tmp_path / "out.zarr"
@@ -304,6 +314,7 @@ def test_another_command_needs_overwrite_and_reuses_only_what_its_options_leave_
     assert dataset_digest(out2) == fresh(tmp_path, rebatched, "rebatched.zarr")
 
 
+@pytest.mark.slow
 def test_restart_throws_the_staged_work_away(job, tmp_path):
     root, args, ref = job
     out = tmp_path / "out.zarr"
@@ -314,6 +325,7 @@ def test_restart_throws_the_staged_work_away(job, tmp_path):
     assert dataset_digest(out) == dataset_digest(ref)
 
 
+@pytest.mark.slow
 def test_no_staging_keeps_nothing_and_throws_found_work_away(job, tmp_path):
     root, args, ref = job
     out = tmp_path / "out.zarr"
@@ -337,6 +349,7 @@ def test_no_staging_keeps_nothing_and_throws_found_work_away(job, tmp_path):
     assert dataset_digest(out) == dataset_digest(ref)
 
 
+@pytest.mark.slow
 def test_a_committed_dataset_is_never_resumed(job, tmp_path):
     root, args, ref = job
     out = tmp_path / "out.zarr"
@@ -355,6 +368,7 @@ def test_a_committed_dataset_is_never_resumed(job, tmp_path):
 # What is staged, and what is trusted
 
 
+@pytest.mark.slow
 def test_a_batch_that_failed_the_tokenizer_guard_is_never_reused(tmp_path):
     texts = [f"plain text number {i}" for i in range(600)]
     texts[450] = f"a document with {RARE_MARKER} inside"
@@ -451,6 +465,7 @@ def gs_dataset_digest(fs, path: str) -> dict:
             for p in fs.find(path) if not p[len(path) + 1:].startswith(".flat-tokens-run.")}
 
 
+@pytest.mark.slow
 def test_gs_a_killed_run_resumes_to_the_same_bytes(gcs, tmp_path):
     corpus(tmp_path / "in", files=4, per_file=400)
     gcs.fs.put(str(tmp_path / "in") + "/", f"{BUCKET}/resume/in/", recursive=True)
@@ -494,6 +509,7 @@ def test_gs_a_killed_run_resumes_to_the_same_bytes(gcs, tmp_path):
         assert gs_dataset_digest(gcs.fs, path) == expected, moment
 
 
+@pytest.mark.slow
 def test_a_relaunched_portable_runner_job_resumes(job, tmp_path):
     """The job runs in the job service and its workers: the launcher, the service and the
     workers all die (as when a cluster job fails), then the same command is launched again."""
@@ -559,6 +575,7 @@ VARIANTS = {
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.slow
 def test_resume_gives_the_same_bytes_with(variant, tmp_path):
     make, extra = VARIANTS[variant]
     make(tmp_path / "in")

@@ -55,6 +55,7 @@ def direct_reference(tmp_path_factory, corpus, bpe_tokenizer):
     return out
 
 
+@pytest.mark.slow
 def test_portable_runner_with_an_external_worker_pool_matches_the_direct_runner(
         tmp_path, services, direct_reference, corpus, bpe_tokenizer):
     out = tmp_path / "portable.zarr"
@@ -69,6 +70,7 @@ def test_portable_runner_with_an_external_worker_pool_matches_the_direct_runner(
     assert zarr.open_group(str(out), mode="r").attrs["stats"]["documents"] == 606
 
 
+@pytest.mark.slow
 def test_portable_runner_makes_the_same_mixture_and_dedup(tmp_path, services, corpus, bpe_tokenizer):
     """The side input of multipliers, the dedup shuffle and the copies, on workers of the pool."""
     mixture = tmp_path / "mix.yaml"
@@ -86,6 +88,7 @@ def test_portable_runner_makes_the_same_mixture_and_dedup(tmp_path, services, co
     assert attrs["stats"]["duplicates_by_source"]["b"] > 0
 
 
+@pytest.mark.slow
 def test_portable_runner_reports_a_worker_failure_and_commits_nothing(tmp_path, services):
     """The rejected-lines check fails inside the SDK worker: exit 1, the cause in one line, no
     committed dataset: the same contract as on the DirectRunner (test_bad_input.py)."""
@@ -110,6 +113,7 @@ def threads(n: int) -> list[str]:
     return ["--direct_running_mode", "multi_threading", "--direct_num_workers", str(n)]
 
 
+@pytest.mark.slow
 def test_multi_threading_workers_send_whole_elements_to_the_runner():
     """A bundle whose elements take longer to encode than a timer's period (tests/slow_elements.py),
     on the launcher's own runner: with Beam's timed flushing on, the runner got an element's key
@@ -235,6 +239,7 @@ def installed(tmp_path_factory, sdist):
                                  sample_glob=str(package_dir / "sample" / "*.jsonl"))
 
 
+@pytest.mark.slow
 def test_sdist_ships_the_code_and_the_sample_data(sdist):
     with tarfile.open(sdist) as tar:
         names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
@@ -258,6 +263,7 @@ def installed_run(installed, tmp_path_factory):
     return types.SimpleNamespace(out=out, proc=proc)
 
 
+@pytest.mark.slow
 def test_installed_package_runs_outside_the_checkout(installed, installed_run):
     venv = installed.venv.resolve()
     for f in installed.files:  # `import pipeline` cannot have come from the repository
@@ -273,6 +279,7 @@ def test_installed_package_runs_outside_the_checkout(installed, installed_run):
     check_flat_tokens(installed_run.out, "--input", installed.sample_glob, "--tokenizer", "bytes")
 
 
+@pytest.mark.slow
 def test_installed_package_as_the_code_of_external_workers(installed, installed_run, tmp_path):
     """What a Dataflow or Flink worker does: the SDK worker's Python is the venv the sdist was
     installed into, with no checkout on its path; same arrays as the DirectRunner run."""
@@ -313,6 +320,7 @@ class _RecordingProxy:
         self._server.close()
 
 
+@pytest.mark.slow
 def test_the_default_runner_runs_in_process_and_never_fetches_another_runner(tmp_path):
     """Beam's DirectRunner switches to the Prism runner (a Go binary it downloads at run
     time) whenever the network allows, so the same command would run on an untested runner

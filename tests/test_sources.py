@@ -50,6 +50,7 @@ def text_of(ids) -> str:
     return bytes((np.asarray(ids) - 1).astype(np.uint8)).decode("utf-8")
 
 
+@pytest.mark.slow
 def test_each_sequence_names_the_input_it_came_from(recorded, inputs):
     files = list(inputs)
     splits = open_dataset(str(recorded))
@@ -67,6 +68,7 @@ def test_each_sequence_names_the_input_it_came_from(recorded, inputs):
     assert len(seen) == sum(map(len, inputs.values()))
 
 
+@pytest.mark.slow
 def test_the_flat_tokens_arrays_are_byte_identical_without_it(recorded, inputs, tmp_path):
     plain = run(list(inputs), tmp_path / "plain.zarr")
     for split in ("train", "validation"):
@@ -85,6 +87,7 @@ def test_the_flat_tokens_arrays_are_byte_identical_without_it(recorded, inputs, 
         assert filecmp.cmpfiles(a, b, names, shallow=False)[0] == names
 
 
+@pytest.mark.slow
 def test_batches_give_each_tokens_source(recorded):
     train = open_dataset(str(recorded))["train"]
     g = zarr.open_group(str(recorded), mode="r")["train"]
@@ -139,6 +142,7 @@ def test_inspect_shows_per_source_counts(recorded, inputs, capsys):
     assert "per source (seq_sources):" in text and f"{files[2]}:  {want[2]['sequences']} sequences" in text
 
 
+@pytest.mark.slow
 def test_a_mixture_records_its_sources_by_default(tmp_path):
     mix = tmp_path / "mix.yaml"
     mix.write_text(f"sources:\n  - {{name: one, input: {SAMPLE / 'corpus-1.jsonl'}, weight: 0.7}}\n"
@@ -169,6 +173,7 @@ for split in ("train", "validation"):  # what seqax's input_loader.ShufflingLoad
 """
 
 
+@pytest.mark.slow
 def test_seqax_style_reads_with_zarr_2_see_the_flat_tokens_arrays(recorded, tmp_path, tmp_path_factory):
     venv = tmp_path_factory.mktemp("zarr2-sources") / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)

@@ -115,6 +115,7 @@ def test_only_spill_directories_are_removed(tmp_path):
 
 
 @pytest.mark.parametrize("outcome", ["success", "failure"])
+@pytest.mark.slow
 def test_a_local_run_removes_its_spill_directory_and_nothing_else(tmp_path, outcome):
     """The run's spill directory lives under --temp_location (a local path) and is gone after
     the run, whether it succeeded or failed; what was there before stays."""

@@ -563,6 +563,7 @@ def launched(tmp_path_factory):
     return types.SimpleNamespace(root=root, out=out, summary=summary, proc=proc, params=params)
 
 
+@pytest.mark.slow
 def test_launcher_runs_end_to_end_with_template_parameters(launched):
     assert set(launched.params) | LAUNCHED_APART == set(parameters()), "exercise every template parameter"
     for name, value in TEMPLATE_VALUES.items():  # the values are ones Dataflow lets through
@@ -575,6 +576,7 @@ def test_launcher_runs_end_to_end_with_template_parameters(launched):
     assert summary["stats"]["train"]["sequences"] > 0 and summary["stats"]["validation"]["sequences"] > 0
 
 
+@pytest.mark.slow
 def test_launcher_runs_a_mixture(tmp_path):
     mixture = tmp_path / "mix.yaml"
     mixture.write_text(f"sources:\n"
@@ -764,6 +766,7 @@ def test_cloud_scheduler_body_and_workflow_use_template_parameters():
     assert init["output"] == '${"gs://" + bucket + "/flat-tokens/" + ds + ".zarr"}'
 
 
+@pytest.mark.slow
 def test_run_daily_reports_an_already_built_day_and_refuses_overwrite(launched):
     assert launched.proc.returncode == 0
     script = str(SCHEDULED / "run_daily.sh")
@@ -818,6 +821,7 @@ def launch_sh(*args, **env):
                           env={**os.environ, "DRY_RUN": "1", "PYTHON": sys.executable, **env})
 
 
+@pytest.mark.slow
 def test_flink_job_server_defaults_to_a_version_beam_publishes():
     import apache_beam
     beam = apache_beam.__version__
@@ -870,6 +874,7 @@ def test_shard_size_claims_are_the_codes():
     assert all(n == DEFAULT_SHARD_MB for numbers in claims.values() for n in numbers), claims
 
 
+@pytest.mark.slow
 def test_flink_equivalent_runs_on_the_local_job_service_with_an_external_worker_pool(tmp_path):
     """`launch.sh local`: PortableRunner -> Beam's Python job service -> EXTERNAL worker pool, the
     same Job API and worker protocol as Beam's Flink job server (Flink itself cannot run here)."""

@@ -1,5 +1,6 @@
 """The fast tokenizer backend gives HF's ids, and the guard catches one that does not."""
 import numpy as np
+import pytest
 
 from tests.helpers import check_flat_tokens, run_pipeline, write_jsonl
 from tests.wrong_backends import RARE_MARKER
@@ -27,6 +28,7 @@ def test_the_guard_sample_is_deterministic_and_about_the_requested_size():
     assert 800 < a.sum() < 1200
 
 
+@pytest.mark.slow
 def test_auto_backend_output_is_identical_to_hf(tmp_path, corpus, bpe_tokenizer):
     common = ["--input", f"{corpus}/*.jsonl", "--tokenizer", bpe_tokenizer]
     run_pipeline(*common, "--output", tmp_path / "hf.zarr", "--tokenizer_backend", "hf")
@@ -44,6 +46,7 @@ def test_the_pre_run_guard_refuses_a_backend_that_disagrees(tmp_path, corpus, bp
     assert not (tmp_path / "o.zarr").exists()
 
 
+@pytest.mark.slow
 def test_the_run_time_guard_fails_the_job_on_a_rare_disagreement(tmp_path, bpe_tokenizer):
     texts = [f"ordinary document {i}" for i in range(400)] + [f"a {RARE_MARKER} document"]
     write_jsonl(tmp_path / "in.jsonl", texts)
@@ -67,6 +70,7 @@ def test_the_run_time_guard_fails_the_job_on_a_rare_disagreement(tmp_path, bpe_t
     assert "use --tokenizer_backend hf" in message
 
 
+@pytest.mark.slow
 def test_special_token_text_is_the_special_id_unless_split_special_tokens(tmp_path):
     """The default encodes `<|endoftext|>` inside a document as the special token (id 0 in the
     sample tokenizer): documented. --split_special_tokens encodes it as text, with either

@@ -13,7 +13,6 @@ from pipeline.reader import open_dataset  # noqa: E402
 from pipeline.torch_data import PackedBatchDataset, SequenceDataset  # noqa: E402
 from tests.helpers import run_pipeline  # noqa: E402
 
-pytestmark = pytest.mark.slow  # worker processes start by spawn: minutes
 
 LENGTH = 128
 SIZES = {"block_tokens": 4 * LENGTH, "buffer_blocks": 3}
@@ -32,6 +31,7 @@ def take(iterable, n):
     return [next(it) for _ in range(n)]
 
 
+@pytest.mark.slow  # worker processes start by spawn
 def test_two_workers_on_each_of_two_ranks_give_each_rank_s_stream(splits):
     train = splits["train"]
     for rank in range(2):
@@ -45,6 +45,7 @@ def test_two_workers_on_each_of_two_ranks_give_each_rank_s_stream(splits):
                 assert np.array_equal(getattr(g, name).numpy(), getattr(w, name)), name
 
 
+@pytest.mark.slow  # worker processes start by spawn
 def test_with_epochs_the_loader_ends_with_the_stream(splits):
     train = splits["train"]
     want = list(train.packed_batches(LENGTH, 6, seed=1, epochs=1, rank=0, world_size=2, **SIZES))
@@ -54,6 +55,7 @@ def test_with_epochs_the_loader_ends_with_the_stream(splits):
     assert all(np.array_equal(g[1].numpy(), w[1]) for g, w in zip(got, want))
 
 
+@pytest.mark.slow  # worker processes start by spawn
 def test_a_loader_resumes_from_a_state_dict(splits):
     train = splits["train"]
     want = take(train.packed_batches(LENGTH, 8, seed=4, **SIZES), 12)
@@ -67,6 +69,7 @@ def test_a_loader_resumes_from_a_state_dict(splits):
     assert all(np.array_equal(g[1].numpy(), w[1]) for g, w in zip(got, want[5:]))
 
 
+@pytest.mark.slow  # worker processes start by spawn
 def test_a_stateful_data_loader_with_two_workers_resumes(splits):
     stateful = pytest.importorskip("torchdata.stateful_dataloader")
     train = splits["train"]

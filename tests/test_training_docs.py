@@ -17,8 +17,6 @@ import zarr
 from tests.helpers import REPO, SAMPLE, run_pipeline
 from tests.test_export import read_indexed_dataset
 
-pytestmark = pytest.mark.slow  # trains small models with torch and jax, where installed
-
 PAGE = REPO / "docs" / "training.md"
 
 
@@ -66,12 +64,14 @@ def test_the_install_line_is_the_reader_distribution():
     assert (REPO / "reader" / "setup.py").exists()  # tests/test_reader_install.py builds it in a fresh venv
 
 
+@pytest.mark.slow  # trains small models with torch and jax, where installed
 def test_pytorch_one_gpu(workdir):
     needs("torch")
     out = run([sys.executable, "-c", blocks("PyTorch, one GPU", "python")[0]], workdir)
     assert "step 29:" in out and learned(out), out
 
 
+@pytest.mark.slow  # trains small models with torch and jax, where installed
 def test_pytorch_torchrun_two_processes(workdir):
     needs("torch")
     (workdir / "train_ddp.py").write_text(blocks("PyTorch, several hosts", "python")[0])
@@ -80,6 +80,7 @@ def test_pytorch_torchrun_two_processes(workdir):
     assert "step 9:" in out and "on 2 processes" in out
 
 
+@pytest.mark.slow  # trains small models with torch and jax, where installed
 def test_jax(workdir):
     needs("jax")
     out = run([sys.executable, "-c", blocks("JAX", "python")[0]], workdir, JAX_PLATFORMS="cpu",
@@ -87,6 +88,7 @@ def test_jax(workdir):
     assert "step 29:" in out and "on 2 devices" in out and learned(out), out
 
 
+@pytest.mark.slow  # trains small models with torch and jax, where installed
 def test_megatron_export(workdir):
     command = blocks("Megatron-LM", "bash")[0].split()
     assert command[0] == "flat-tokens"
@@ -104,6 +106,7 @@ def test_megatron_export(workdir):
     assert [dataset[i].tolist() for i in range(len(dataset))] == sequences
 
 
+@pytest.mark.slow  # trains small models with torch and jax, where installed
 def test_seqax_configuration_reads_the_dataset_as_seqax_does(workdir):
     config = yaml.safe_load(blocks("seqax", "yaml")[0])
     params, tokens = config["flat_tokens"], config["training"]["tokens"]

@@ -274,6 +274,7 @@ def chunk_path(root, split, member, index, fmt):
 
 @pytest.mark.parametrize("split", ["train", "validation"])
 @pytest.mark.parametrize("member, index", [("encoded_tokens", 3), ("seq_starts", 0), ("seq_starts", 1)])
+@pytest.mark.slow
 def test_a_missing_chunk_is_named(tmp_path, fmt, split, member, index):
     """A chunk inside a long document reads back as zeros whose start bits are all clear, as
     they should be there: no check of the values can see it. The listing does."""

@@ -23,6 +23,7 @@ def options(*args) -> FlatTokensOptions:
     (["--tokens_chunk_size", "1000000000000"],
      "--tokens_chunk_size 1000000000000: a writer holds a whole encoded_tokens chunk in memory (10.9 TiB per block"),
 ])
+@pytest.mark.slow
 def test_sizes_no_writer_can_hold_are_refused_before_any_input_is_read(tmp_path, sizes, named):
     fifo = tmp_path / "in.jsonl"
     os.mkfifo(fifo)  # reading it would wait forever; listing it is refused: the check comes first
@@ -54,6 +55,7 @@ def test_a_block_larger_than_the_documented_bound_is_refused_on_any_machine():
     check_write_memory(options("--zarr_format", "3", "--chunks_per_shard", "64"), memory=8 << 30)
 
 
+@pytest.mark.slow
 def test_the_defaults_fit_a_small_machine(tmp_path):
     check_write_memory(options(), memory=2 << 30)
     src = write_jsonl(tmp_path / "in.jsonl", ["one", "two"])
