@@ -51,3 +51,30 @@ class WriteBehind:
             pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown()
+
+
+class WritesBehindWithSpillDir:
+    """Mixed into a DoFn (before beam.DoFn) that writes its files on a WriteBehind when it
+    has a spill directory (`self._spill_dir`, set in its __init__; local runs only): the
+    writer is made in setup(), forgets a failed bundle's write at the next bundle's start,
+    is waited for at each bundle's finish (nothing downstream reads a file that has not
+    landed) and closed in teardown(). `WRITER_NAME` names its thread."""
+
+    WRITER_NAME = "flat-tokens-write"
+    _spill_dir: str | None = None
+    _writer: WriteBehind | None = None
+
+    def setup(self):
+        self._writer = WriteBehind(self.WRITER_NAME) if self._spill_dir else None
+
+    def start_bundle(self):
+        if self._writer:
+            self._writer.forget()
+
+    def finish_bundle(self):
+        if self._writer:
+            self._writer.wait()
+
+    def teardown(self):
+        if self._writer:
+            self._writer.close()

@@ -18,7 +18,7 @@ from transforms.records import SPLITS, DistinctBatch, EncodedTokens, ShardPart, 
 from transforms.segments import SLICE_WHEN_AVERAGE_LENGTH, gather_segments, groups_of, take_documents
 from transforms.shuffle import spill
 from transforms.shuffle.sources import document_sources
-from transforms.write_behind import WriteBehind
+from transforms.write_behind import WritesBehindWithSpillDir
 
 # Shards whose documents are at least this long on average are not gathered into one array
 # here: the writer copies each chunk's documents straight from the parts as it encodes the
@@ -196,7 +196,7 @@ def sort_shard(keyed_parts) -> SortedShard:
     return SortedShard(split, shard, sorted_lengths, EncodedTokens.of(ids, sorted_lengths), sources)
 
 
-class KeyByShard(beam.DoFn):
+class KeyByShard(WritesBehindWithSpillDir, beam.DoFn):
     """TokenizedBatch (or DistinctBatch) -> ((split, shard), ShardPart) for each shard its
     documents (or, with a mixture's `sampling` side input, their copies) hit. With a spill
     directory (local runners) the parts' ids go to disk and only references to them travel
@@ -205,6 +205,8 @@ class KeyByShard(beam.DoFn):
 
     A batch's ids are written on a thread while the next batch is read and tokenized
     (transforms/write_behind.py); its parts go on at once, naming the file."""
+
+    WRITER_NAME = "flat-tokens-spill"
 
     def __init__(self, seed: int, validation_fraction: float, num_shards: dict[str, int],
                  spill_dir: str | None = None, record_sources: list[int] | None = None,
@@ -215,15 +217,6 @@ class KeyByShard(beam.DoFn):
         self._spill_dir = spill_dir
         self._record_sources = record_sources
         self._finished = finished
-        self._writer = None
-
-    def setup(self):
-        if self._spill_dir:
-            self._writer = WriteBehind("flat-tokens-spill")
-
-    def start_bundle(self):
-        if self._writer:
-            self._writer.forget()
 
     def process(self, batch, sampling=None, source_of_input=None):
         spilled_to = None
@@ -235,14 +228,6 @@ class KeyByShard(beam.DoFn):
                 spilled_to = spill.batch_file_path(self._spill_dir, *identity)
         yield from split_and_shard(batch, self._seed, self._validation_fraction, self._num_shards,
                                    sampling, source_of_input, spilled_to, self._record_sources, self._finished)
-
-    def finish_bundle(self):
-        if self._writer:
-            self._writer.wait()
-
-    def teardown(self):
-        if self._writer:
-            self._writer.close()
 
 
 def batch_identity(batch) -> tuple[str, int]:

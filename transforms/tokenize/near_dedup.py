@@ -59,7 +59,7 @@ from transforms.read.inputs import input_index
 from transforms.records import BandPart, Edges, NearDecisions, NodePart, Nodes, TokenizedBatch
 from transforms.segments import groups_of
 from transforms.tokenize import minhash
-from transforms.write_behind import WriteBehind
+from transforms.write_behind import WritesBehindWithSpillDir
 
 TRAIN, AUTO, VALIDATION = 0, 1, 2  # a text's vote for its split: the largest of its copies' wins
 ROUNDS = 4  # rounds of large-star + small-star before the convergence check
@@ -120,24 +120,17 @@ def _run_starts(keys: np.ndarray) -> np.ndarray:
 # ---------------------------------------------------------------------------------------------
 # nodes
 
-class KeyNodes(beam.DoFn):
+class KeyNodes(WritesBehindWithSpillDir, beam.DoFn):
     """TokenizedBatch -> (dedup shard, NodePart) for the signed documents of the batch. With a
     spill directory (local runs: transforms/shuffle/spill.py has the why), the batch's
     signatures are written to a file there, on a thread, and the parts name its rows."""
+
+    WRITER_NAME = "flat-tokens-signatures"
 
     def __init__(self, seed: int, num_shards: int, spill_dir: str | None = None):
         self._seed = seed
         self._num_shards = num_shards
         self._spill_dir = spill_dir
-        self._writer = None
-
-    def setup(self):
-        if self._spill_dir:
-            self._writer = WriteBehind("flat-tokens-signatures")
-
-    def start_bundle(self):
-        if self._writer:
-            self._writer.forget()
 
     def process(self, batch: TokenizedBatch):
         signed = np.flatnonzero(minhash.signed(batch.signatures))
@@ -157,14 +150,6 @@ class KeyNodes(beam.DoFn):
             else:
                 yield int(shard), NodePart(*keys, signature_file=path, rows=members.astype(np.uint32),
                                            file_rows=signed.size, hashes=signatures.shape[1])
-
-    def finish_bundle(self):
-        if self._writer:
-            self._writer.wait()
-
-    def teardown(self):
-        if self._writer:
-            self._writer.close()
 
 
 def signature_file_name(file_key: str, first_offset: int) -> str:
