@@ -11,11 +11,12 @@ threads by its share of the cores (transforms/cores.py).
 `--local_parallelism auto` (the default) picks from the cores this process may run on and the
 size of the input, as HF datasets' `num_proc` or datatrove's `workers` are picked by hand:
 
-- one process below MULTI_PROCESS_MIN_CORES cores or MULTI_PROCESS_MIN_BYTES of input: on
-  2 cores the one process is as fast as two workers, for less CPU, at every size measured,
-  and a small input does not pay for the workers' stages (docs/performance.md, "Performance
-  IV", where the measurements are);
-- else one worker process per core, and no more workers than the input has read ranges.
+- one process on a single core, or below MULTI_PROCESS_MIN_BYTES of input: a small input
+  does not pay for the workers' stages (on a quiet 2-core machine, 250 MB: two forked
+  workers 0.95x the wall and 1.06x the CPU of one process);
+- else one worker process per core, and no more workers than the input has read ranges (on
+  2 cores, 1.25 GB: two forked workers took 0.77x the wall and 0.93x the CPU of one process;
+  docs/performance.md, "Performance IV", has the measurements).
 
 `--local_parallelism N` asks for N worker processes (1: the one process). Beam's own options
 win when given (`--direct_running_mode`, `--direct_num_workers`): `multi_threading` is
@@ -33,7 +34,7 @@ from transforms import cores
 AUTO = "auto"
 IN_MEMORY, MULTI_PROCESSING, MULTI_THREADING = "in_memory", "multi_processing", "multi_threading"
 # The rule `auto` follows; measured in docs/performance.md, "Performance IV".
-MULTI_PROCESS_MIN_CORES = 4
+MULTI_PROCESS_MIN_CORES = 2
 MULTI_PROCESS_MIN_BYTES = 1 << 30
 BEAM_OPTIONS = ("--direct_running_mode", "--direct_num_workers")
 
@@ -69,7 +70,7 @@ def given_beam_options(argv: list[str]) -> list[str]:
 def auto_workers(available: int, input_bytes: int, read_units: int) -> tuple[int, str]:
     """(worker processes, why) for `--local_parallelism auto`; 1 means the one in-process worker."""
     if available < MULTI_PROCESS_MIN_CORES:
-        return 1, f"fewer than {MULTI_PROCESS_MIN_CORES} cores"
+        return 1, "one core" if available == 1 else f"fewer than {MULTI_PROCESS_MIN_CORES} cores"
     if input_bytes < MULTI_PROCESS_MIN_BYTES:
         return 1, f"less than {MULTI_PROCESS_MIN_BYTES / 2**30:g} GiB of input"
     workers = max(1, min(available, read_units))

@@ -106,6 +106,9 @@ def test_auto_takes_one_process_on_few_cores_or_a_small_input_else_one_worker_pe
     assert parallelism.auto_workers(many, parallelism.MULTI_PROCESS_MIN_BYTES - 1, 1000)[0] == 1
     assert parallelism.auto_workers(many, big, 1000) == (many, "one per core")
     assert parallelism.auto_workers(many, big, 5) == (5, "one per read range (5)")
+    # 2 cores and a big input: two forked workers were faster, for less CPU, than one process
+    # (docs/performance.md, "The local default uses the machine")
+    assert parallelism.auto_workers(2, big, 1000) == (2, "one per core")
 
 
 def options(*argv) -> PipelineOptions:
