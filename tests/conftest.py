@@ -4,7 +4,8 @@ import resource
 
 import pytest
 
-from tests.helpers import SAMPLE, train_byte_level_bpe, write_jsonl
+from pipeline.reader import open_dataset
+from tests.helpers import SAMPLE, run_pipeline, train_byte_level_bpe, write_jsonl
 
 
 def sample_texts():
@@ -30,6 +31,15 @@ def corpus(tmp_path_factory):
         write_jsonl(root / f"part-{i}.jsonl", texts[i::3])
     return root
 
+
+@pytest.fixture(scope="session")
+def byte_splits(tmp_path_factory, corpus):
+    """The corpus through the bytes tokenizer (20% validation, 4096-token chunks), opened by the
+    reader: what the trainer-side loader tests (test_loaders, test_torch_data) read."""
+    out = tmp_path_factory.mktemp("loaders") / "bytes.zarr"
+    run_pipeline("--input", f"{corpus}/*.jsonl", "--output", out, "--tokenizer", "bytes",
+                 "--validation_fraction", "0.2", "--tokens_chunk_size", "4096")
+    return open_dataset(str(out))
 
 # FLAT_TOKENS_TEST_MEMORY=<file>: one JSON line per test with its peak memory (the test process's
 # own peak during the test, and the largest child process's peak where that grew), so that the

@@ -8,19 +8,10 @@ import pytest
 
 from pipeline.blend import Blend
 from pipeline.loaders import PackedBatchStream, SequenceSource
-from pipeline.reader import DatasetError, open_dataset
-from tests.helpers import run_pipeline
+from pipeline.reader import DatasetError
 
 LENGTH = 128
 SIZES = {"block_tokens": 4 * LENGTH, "buffer_blocks": 3}
-
-
-@pytest.fixture(scope="module")
-def splits(tmp_path_factory, corpus):
-    out = tmp_path_factory.mktemp("loaders") / "bytes.zarr"
-    run_pipeline("--input", f"{corpus}/*.jsonl", "--output", out, "--tokenizer", "bytes",
-                 "--validation_fraction", "0.2", "--tokens_chunk_size", "4096")
-    return open_dataset(str(out))
 
 
 def take(batches, n):
@@ -51,8 +42,8 @@ def same(a, b):
 
 @pytest.mark.parametrize("num_workers", [1, 2, 3])
 @pytest.mark.slow
-def test_workers_of_two_ranks_give_each_rank_s_stream(splits, num_workers):
-    train = splits["train"]
+def test_workers_of_two_ranks_give_each_rank_s_stream(byte_splits, num_workers):
+    train = byte_splits["train"]
     for rank in range(2):
         want = take(train.packed_batches(LENGTH, 8, seed=3, rank=rank, world_size=2, **SIZES), 20)
         stream = PackedBatchStream(train, LENGTH, 8, seed=3, rank=rank, world_size=2, **SIZES)
@@ -61,8 +52,8 @@ def test_workers_of_two_ranks_give_each_rank_s_stream(splits, num_workers):
 
 
 @pytest.mark.slow
-def test_with_epochs_the_workers_end_together_with_the_stream(splits):
-    train = splits["train"]
+def test_with_epochs_the_workers_end_together_with_the_stream(byte_splits):
+    train = byte_splits["train"]
     want = list(train.packed_batches(LENGTH, 6, seed=1, epochs=1, rank=1, world_size=2, **SIZES))
     stream = PackedBatchStream(train, LENGTH, 6, seed=1, epochs=1, rank=1, world_size=2, **SIZES)
     copies = [pickle.loads(pickle.dumps(stream)) for _ in range(3)]
@@ -71,8 +62,8 @@ def test_with_epochs_the_workers_end_together_with_the_stream(splits):
     same(got, want)
 
 
-def test_a_state_resumes_in_process_and_under_workers(splits):
-    train = splits["train"]
+def test_a_state_resumes_in_process_and_under_workers(byte_splits):
+    train = byte_splits["train"]
     want = take(train.packed_batches(LENGTH, 8, seed=4, segments=True, **SIZES), 16)
     stream = PackedBatchStream(train, LENGTH, 8, seed=4, segments=True, **SIZES)
     it = iter(stream)
@@ -90,8 +81,8 @@ def test_a_state_resumes_in_process_and_under_workers(splits):
     same(take(iter(fresh), 11), want[5:])  # and start_step does the same, with any loader
 
 
-def test_a_worker_s_state_resumes_that_worker(splits):
-    train = splits["train"]
+def test_a_worker_s_state_resumes_that_worker(byte_splits):
+    train = byte_splits["train"]
     want = take(train.packed_batches(LENGTH, 8, seed=2, **SIZES), 12)
     workers = [PackedBatchStream(train, LENGTH, 8, seed=2, **SIZES) for _ in range(2)]
     iterators = [w.batches(j, 2) for j, w in enumerate(workers)]
@@ -110,8 +101,8 @@ def test_a_worker_s_state_resumes_that_worker(splits):
         PackedBatchStream(train, LENGTH, 8, seed=3, **SIZES).load_state_dict(states[0])
 
 
-def test_a_blend_s_stream_splits_over_workers_too(splits):
-    blend = Blend([splits["train"], splits["validation"]], [3, 1], seed=5)
+def test_a_blend_s_stream_splits_over_workers_too(byte_splits):
+    blend = Blend([byte_splits["train"], byte_splits["validation"]], [3, 1], seed=5)
     want = take(blend.packed_batches(LENGTH, 8, rank=1, world_size=2, sources=True, **SIZES), 12)
     stream = PackedBatchStream(blend, LENGTH, 8, rank=1, world_size=2, sources=True, **SIZES)
     copies = [pickle.loads(pickle.dumps(stream)) for _ in range(3)]
@@ -120,16 +111,16 @@ def test_a_blend_s_stream_splits_over_workers_too(splits):
         PackedBatchStream(blend, LENGTH, 8, seed=1)
 
 
-def test_arguments_are_checked_at_once(splits):
-    train = splits["train"]
+def test_arguments_are_checked_at_once(byte_splits):
+    train = byte_splits["train"]
     for kwargs, error in (({"world_size": 3}, ValueError), ({"length": 10**9}, ValueError),
                           ({"sources": True}, DatasetError), ({"batch_size": 0}, ValueError)):
         with pytest.raises(error):
             PackedBatchStream(train, **{"length": LENGTH, "batch_size": 8, **kwargs})
 
 
-def test_sequences_map_style(splits):
-    validation = splits["validation"]
+def test_sequences_map_style(byte_splits):
+    validation = byte_splits["validation"]
     source = pickle.loads(pickle.dumps(SequenceSource(validation)))
     assert len(source) == len(validation) > 10
     assert [source[i].tolist() for i in (0, 3, len(source) - 1)] == [validation.sequence(i).tolist()

@@ -9,21 +9,11 @@ torch = pytest.importorskip("torch")
 
 from torch.utils.data import DataLoader, DistributedSampler  # noqa: E402
 
-from pipeline.reader import open_dataset  # noqa: E402
 from pipeline.torch_data import PackedBatchDataset, SequenceDataset  # noqa: E402
-from tests.helpers import run_pipeline  # noqa: E402
 
 
 LENGTH = 128
 SIZES = {"block_tokens": 4 * LENGTH, "buffer_blocks": 3}
-
-
-@pytest.fixture(scope="module")
-def splits(tmp_path_factory, corpus):
-    out = tmp_path_factory.mktemp("torch") / "bytes.zarr"
-    run_pipeline("--input", f"{corpus}/*.jsonl", "--output", out, "--tokenizer", "bytes",
-                 "--validation_fraction", "0.2", "--tokens_chunk_size", "4096")
-    return open_dataset(str(out))
 
 
 def take(iterable, n):
@@ -32,8 +22,8 @@ def take(iterable, n):
 
 
 @pytest.mark.slow  # worker processes start by spawn
-def test_two_workers_on_each_of_two_ranks_give_each_rank_s_stream(splits):
-    train = splits["train"]
+def test_two_workers_on_each_of_two_ranks_give_each_rank_s_stream(byte_splits):
+    train = byte_splits["train"]
     for rank in range(2):
         want = take(train.packed_batches(LENGTH, 8, seed=3, rank=rank, world_size=2, segments=True, **SIZES), 13)
         data = PackedBatchDataset(train, LENGTH, 8, seed=3, rank=rank, world_size=2, segments=True, **SIZES)
@@ -46,8 +36,8 @@ def test_two_workers_on_each_of_two_ranks_give_each_rank_s_stream(splits):
 
 
 @pytest.mark.slow  # worker processes start by spawn
-def test_with_epochs_the_loader_ends_with_the_stream(splits):
-    train = splits["train"]
+def test_with_epochs_the_loader_ends_with_the_stream(byte_splits):
+    train = byte_splits["train"]
     want = list(train.packed_batches(LENGTH, 6, seed=1, epochs=1, rank=0, world_size=2, **SIZES))
     data = PackedBatchDataset(train, LENGTH, 6, seed=1, epochs=1, rank=0, world_size=2, **SIZES)
     got = list(DataLoader(data, batch_size=None, num_workers=2, multiprocessing_context="spawn"))
@@ -56,8 +46,8 @@ def test_with_epochs_the_loader_ends_with_the_stream(splits):
 
 
 @pytest.mark.slow  # worker processes start by spawn
-def test_a_loader_resumes_from_a_state_dict(splits):
-    train = splits["train"]
+def test_a_loader_resumes_from_a_state_dict(byte_splits):
+    train = byte_splits["train"]
     want = take(train.packed_batches(LENGTH, 8, seed=4, **SIZES), 12)
     data = PackedBatchDataset(train, LENGTH, 8, seed=4, **SIZES)
     it = iter(DataLoader(data, batch_size=None, num_workers=0))
@@ -70,9 +60,9 @@ def test_a_loader_resumes_from_a_state_dict(splits):
 
 
 @pytest.mark.slow  # worker processes start by spawn
-def test_a_stateful_data_loader_with_two_workers_resumes(splits):
+def test_a_stateful_data_loader_with_two_workers_resumes(byte_splits):
     stateful = pytest.importorskip("torchdata.stateful_dataloader")
-    train = splits["train"]
+    train = byte_splits["train"]
     want = take(train.packed_batches(LENGTH, 8, seed=6, rank=1, world_size=2, **SIZES), 14)
     loader = stateful.StatefulDataLoader(PackedBatchDataset(train, LENGTH, 8, seed=6, rank=1, world_size=2, **SIZES),
                                          batch_size=None, num_workers=2, multiprocessing_context="spawn")
@@ -86,8 +76,8 @@ def test_a_stateful_data_loader_with_two_workers_resumes(splits):
     assert all(np.array_equal(g[1].numpy(), w[1]) for g, w in zip(got, want[5:]))
 
 
-def test_sequences_with_a_distributed_sampler(splits):
-    validation = splits["validation"]
+def test_sequences_with_a_distributed_sampler(byte_splits):
+    validation = byte_splits["validation"]
 
     def pad(sequences):
         out = torch.zeros(len(sequences), max(len(s) for s in sequences), dtype=torch.int32)
