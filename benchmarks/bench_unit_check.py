@@ -4,12 +4,12 @@
     python benchmarks/bench_unit_check.py --input /tmp/bench/corpus250.jsonl --tokenizer /tmp/bench/gpt2.json
 
 A staged unit is reused by a rerun only while its input bytes are those it was read from:
-the reader records each unit's stored bytes (spans and sha256) as it reads them, and the
+the reader records each unit's stored bytes (spans and an xxh3-128 digest) as it reads them, and the
 launcher of a rerun reads those spans again (pipeline/resume.py, `unchanged_units`). For
 --rounds N (default 3) it measures, in this process (wall, and CPU of all its threads):
 
   (a) read: the file read in 4 MiB blocks, nothing else (the baseline: no project code);
-  (b) read + sha256: the same, hashed (baseline);
+  (b) read + digest: the same, hashed with xxh3-128 as the reader does (baseline);
   (c) the reader, not recording: ReadRangeFn over every unit of the job (JSONL parsed,
       batches made), as a run with --no_staging reads;
   (d) the reader, recording: the same with each unit's stored bytes hashed, as every run
@@ -28,7 +28,6 @@ from the page cache (a first read warms it).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import resource
@@ -38,6 +37,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import xxhash
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -59,7 +60,7 @@ def measured(fn) -> dict:
 
 
 def plain_read(path: Path, hashed: bool) -> None:
-    digest = hashlib.sha256() if hashed else None
+    digest = xxhash.xxh3_128() if hashed else None
     with open(path, "rb") as f:
         while True:
             block = f.read(BLOCK)
@@ -127,7 +128,7 @@ def main(argv=None) -> int:
         for r in range(args.rounds):
             row = {
                 "a_read": measured(lambda: plain_read(source, False)),
-                "b_read_sha256": measured(lambda: plain_read(source, True)),
+                "b_read_digest": measured(lambda: plain_read(source, True)),
                 "c_reader": measured(lambda: read_units(plan, False)),
                 "d_reader_recording": measured(lambda: read_units(plan, True)),
                 "e_resume_check": measured(lambda: resume.unchanged_units(area, staged, by_key)),

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pipeline import __version__
 from pipeline.options import OPTIONS, FlatTokensOptions
 from transforms import staging
-from transforms.read.inputs import InputChanged, digest_of
+from transforms.read.inputs import UNIT_DIGEST, InputChanged, digest_of
 from transforms.read.staged_reads import unit_start
 from transforms.staging import StagingArea, Staged
 from transforms.write import zarr_store
@@ -394,7 +394,7 @@ def input_verdicts(area: StagingArea, staged: list, by_key: dict, storage_option
     """{unit key: UNCHANGED, CHANGED or UNKNOWN} for staged units [(key, account name, ...)].
     A unit's key names its file by size and modification time (or generation): a file edited
     in place with both restored keeps its key, so the bytes each unit was read from (their
-    spans and sha256, in its account: inputs.StoredBytes) are read again here. UNKNOWN: its
+    spans and digest, in its account: inputs.StoredBytes) are read again here. UNKNOWN: its
     account cannot say (damaged: transforms/checksums.py, or staged without them). Reading is
     cheap next to tokenizing (benchmarks/bench_unit_check.py measures it)."""
     def verdict(item) -> str:
@@ -403,10 +403,10 @@ def input_verdicts(area: StagingArea, staged: list, by_key: dict, storage_option
             stored = area.read_unit(key, name).get("stored")
         except (OSError, ValueError, KeyError):  # Damaged (a ValueError), or gone since the listing
             return UNKNOWN
-        if not stored:
+        if not stored or UNIT_DIGEST not in stored:  # older staging areas recorded sha256: redo those
             return UNKNOWN
         try:
-            same = digest_of(by_key[key].file, stored["spans"], storage_options) == stored["sha256"]
+            same = digest_of(by_key[key].file, stored["spans"], storage_options) == stored[UNIT_DIGEST]
         except (InputChanged, OSError, RuntimeError, ValueError, KeyError, TypeError):
             return CHANGED
         return UNCHANGED if same else CHANGED

@@ -261,7 +261,7 @@ def test_bench_unit_check_smoke(tmp_path):
         [sys.executable, str(REPO / "benchmarks" / "bench_unit_check.py"), "--input", str(corpus), "--tokenizer",
          "bytes", "--rounds", "1", "--json", str(results)], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
-    for field in ("a_read", "b_read_sha256", "c_reader", "d_reader_recording", "e_resume_check", "f_run",
+    for field in ("a_read", "b_read_digest", "c_reader", "d_reader_recording", "e_resume_check", "f_run",
                   "resume check / run:", "recording / run:"):
         assert field in proc.stdout, f"{field!r} missing from:\n{proc.stdout}"
     r = json.loads(results.read_text())

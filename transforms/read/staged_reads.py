@@ -4,7 +4,7 @@ and tokenizing it again.
 
 The account is what the reader emitted besides documents: its counts, its line count (JSONL)
 and its rejected lines, with the place of each batch it emitted, and the stored bytes it was
-read from (their spans and sha256: inputs.StoredBytes), which a rerun reads again before it
+read from (their spans and digest: inputs.StoredBytes), which a rerun reads again before it
 trusts the unit (pipeline/resume.py). It is written after the
 unit's last output, and names the batches it expects; the tokenize step stages those
 (transforms/tokenize/staged.py). A unit is reused only when its account and every batch it
