@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pipeline import __version__
 from pipeline.options import OPTIONS, FlatTokensOptions
 from transforms import staging
-from transforms.read.inputs import UNIT_DIGEST, InputChanged, digest_of
+from transforms.read.inputs import UNIT_DIGESTS, InputChanged, digest_of
 from transforms.read.staged_reads import unit_start
 from transforms.staging import StagingArea, Staged
 from transforms.write import zarr_store
@@ -403,10 +403,11 @@ def input_verdicts(area: StagingArea, staged: list, by_key: dict, storage_option
             stored = area.read_unit(key, name).get("stored")
         except (OSError, ValueError, KeyError):  # Damaged (a ValueError), or gone since the listing
             return UNKNOWN
-        if not stored or UNIT_DIGEST not in stored:  # older staging areas recorded sha256: redo those
+        algorithm = next((n for n in UNIT_DIGESTS if n in (stored or {})), None)  # sha256 before issue 28
+        if algorithm is None:
             return UNKNOWN
         try:
-            same = digest_of(by_key[key].file, stored["spans"], storage_options) == stored[UNIT_DIGEST]
+            same = digest_of(by_key[key].file, stored["spans"], storage_options, algorithm) == stored[algorithm]
         except (InputChanged, OSError, RuntimeError, ValueError, KeyError, TypeError):
             return CHANGED
         return UNCHANGED if same else CHANGED

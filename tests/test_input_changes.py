@@ -135,3 +135,33 @@ def test_a_gs_object_rewritten_while_it_is_read_fails_the_read(gcs, tmp_path):  
     with pytest.raises(inputs.InputChanged, match="the version listed is gone"):
         data = read_all(f, change=rewrite, storage_options=storage)
         assert b"DOCUMENT" not in data  # (what the read would have mixed in, were it not pinned)
+
+
+def test_a_unit_s_stored_bytes_are_checked_with_the_digest_they_were_recorded_with(tmp_path):
+    """Issue 28 changed the recorded digest from sha256 to xxh3-128: an account holds either
+    (one staged before the change, or on a machine without xxhash), and digest_of reads the
+    same spans again with the algorithm named, so both still tell an edit from no edit."""
+    import hashlib
+
+    path = tmp_path / "a.jsonl"
+    data = b'{"text": "one"}\n{"text": "two"}\n{"text": "three"}\n'
+    path.write_bytes(data)
+    f = inputs.list_input_files([str(path)], "train")[0]
+    stored = inputs.StoredBytes()
+    with inputs.open_input(f, stored=stored) as raw:
+        raw.seek(5)
+        raw.read(20)
+    recorded = stored.describe()
+    [[offset, length]] = recorded["spans"]
+    assert inputs.UNIT_DIGEST in inputs.UNIT_DIGESTS and inputs.UNIT_DIGEST in recorded
+    assert inputs.digest_of(f, recorded["spans"]) == recorded[inputs.UNIT_DIGEST]
+    assert inputs.digest_of(f, recorded["spans"], name="sha256") == \
+        hashlib.sha256(data[offset:offset + length]).hexdigest()
+    sha256 = inputs.digest_of(f, recorded["spans"], name="sha256")
+    before = path.stat()  # edited in place, size and modification time restored: only the bytes tell
+    path.write_bytes(data.replace(b"two", b"owt"))
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert inputs.digest_of(f, recorded["spans"]) != recorded[inputs.UNIT_DIGEST]
+    assert inputs.digest_of(f, recorded["spans"], name="sha256") != sha256
+    with pytest.raises(ValueError, match="not available"):
+        inputs.new_digest("md5")

@@ -9,6 +9,7 @@ import bz2
 import contextlib
 import errno
 import gzip
+import hashlib
 import lzma
 import os
 import posixpath
@@ -22,7 +23,6 @@ import fsspec
 from fsspec.core import url_to_fs
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.utils import glob_translate
-import xxhash
 
 from transforms.gcs import close_gcs_sessions, close_gcs_sessions_at_exit, use_gcs_emulator_plainly  # noqa: F401
 
@@ -500,8 +500,24 @@ def read_ranges(files: list[InputFile], range_bytes: int) -> list[ReadRange]:
 # in place, not an adversary (who could also edit the staging area). xxh3-128 runs at ~7 GB/s
 # per core here, sha256 at 1.35 GB/s: on every byte of every run, and again on resume, that is
 # ~0.7 s of CPU per 1.25 GB (issue 28; docs/performance.md). 128 bits: a changed unit passing
-# unnoticed is a 2**-128 event, not CRC-32C's 2**-32.
-UNIT_DIGEST = "xxh3_128"
+# unnoticed is a 2**-128 event, not CRC-32C's 2**-32. xxhash is a dependency; where it is
+# missing (a machine given only some wheels), sha256 is used, and recorded as such.
+try:
+    import xxhash
+    UNIT_DIGEST = "xxh3_128"
+except ImportError:  # pragma: no cover - xxhash is installed with the package
+    xxhash = None
+    UNIT_DIGEST = "sha256"
+UNIT_DIGESTS = ("xxh3_128", "sha256")  # what an account may hold, by name
+
+
+def new_digest(name: str = UNIT_DIGEST):
+    """A running digest by name (UNIT_DIGESTS); ValueError when this machine cannot make it."""
+    if name == "xxh3_128" and xxhash is not None:
+        return xxhash.xxh3_128()
+    if name == "sha256":
+        return hashlib.sha256()
+    raise ValueError(f"unit digest {name}: not available here")
 
 
 class StoredBytes:
@@ -513,7 +529,7 @@ class StoredBytes:
 
     def __init__(self):
         self.spans: list[list[int]] = []  # [offset, length], in the order they were read
-        self._hash = xxhash.xxh3_128()
+        self._hash = new_digest()
 
     def add(self, offset: int, data: bytes) -> None:
         if not data:
@@ -528,11 +544,11 @@ class StoredBytes:
         return {"spans": [list(s) for s in self.spans], UNIT_DIGEST: self._hash.hexdigest()}
 
 
-def digest_of(f: InputFile, spans: list, storage_options: dict | None = None) -> str:
-    """The digest (UNIT_DIGEST) of a file's stored bytes at `spans` (StoredBytes.describe),
-    read now, as listed: a file whose size or version changed since it was listed raises
-    InputChanged."""
-    digest = xxhash.xxh3_128()
+def digest_of(f: InputFile, spans: list, storage_options: dict | None = None, name: str = UNIT_DIGEST) -> str:
+    """The digest `name` (UNIT_DIGESTS) of a file's stored bytes at `spans`
+    (StoredBytes.describe), read now, as listed: a file whose size or version changed since
+    it was listed raises InputChanged."""
+    digest = new_digest(name)
     with _open_as_listed(f, storage_options) as raw:
         for offset, length in spans:
             raw.seek(offset)
