@@ -60,3 +60,20 @@ def test_the_key_census_suggests_only_a_key_that_always_holds_a_string():
     again = jsonl.KeyCensus.from_counts(census.to_counts() + census.to_counts())
     assert (again.objects, again.keys, again.strings) == (8, census.keys + census.keys, census.strings + census.strings)
     assert jsonl.load_object(b"[1, 2]") is None and jsonl.load_object(b"{broken") is None
+
+
+_JSON_SPACE = st.sampled_from([b"", b" ", b"\t", b"\r", b"  \r", b"\x0c", b"\x0b"])
+_VALUES = st.one_of(st.text(max_size=8), st.integers(), st.none(), st.lists(st.integers(), max_size=2))
+
+
+@given(prefix=st.sampled_from([b"", jsonl.BOM, b"\xff"]), before=_JSON_SPACE, after=_JSON_SPACE,
+       obj=st.dictionaries(st.sampled_from(["text", "body", "id"]), _VALUES, max_size=3),
+       raw_tail=st.sampled_from([b"", b",", b"}", b"NaN"]))
+def test_the_fast_path_over_a_view_agrees_with_every_rule(prefix, before, after, obj, raw_tail):
+    """parse_line reads iter_lines' memoryviews with orjson first; whatever the line, the
+    answer is the one the full rules give on its bytes."""
+    line = prefix + before + json.dumps(obj, ensure_ascii=False).encode("utf-8", "surrogatepass") + raw_tail + after
+    block = b"xx\n" + line + b"\nyy"
+    view = memoryview(block)[3:3 + len(line)]
+    assert jsonl.parse_line(view, "text") == jsonl._parse_slowly(line, "text")
+    assert jsonl.parse_line(line, "text") == jsonl._parse_slowly(line, "text")
