@@ -273,7 +273,7 @@ class _Classifier:
 def profile_tables(prof_path: Path) -> dict:
     """Self time per row: our functions one by one, the rest in buckets. Self time of
     stdlib, numpy, builtins and other libraries is charged to whoever called them, edge by
-    edge, so bytes.split in iter_lines counts for iter_lines and a lock wait inside zarr
+    edge, so bytes.find in iter_lines counts for iter_lines and a lock wait inside zarr
     counts for zarr. Also: inclusive time of our entry points (our functions Beam calls)."""
     stats = pstats.Stats(str(prof_path)).stats  # func -> (cc, nc, tt, ct, callers)
     classify = _Classifier()
