@@ -56,21 +56,16 @@ def iter_lines(f, start: int = 0, stop: int | None = None):
             continue
         view = memoryview(block)
         begin = 0
-        if pending:
-            # Only the line the last block left unfinished is joined: prepending it to the
-            # whole block copied every byte of the input once more.
-            pending.append(view[:end])
-            line = b"".join(pending)
-            pending = []
+        while end >= 0:
+            line = view[begin:end]
+            if pending:
+                # Only the line the last block left unfinished is joined: prepending it to
+                # the whole block copied every byte of the input once more.
+                pending.append(line)
+                line = b"".join(pending)
+                pending = []
             yield pos, line
             pos += len(line) + 1
-            if stop is not None and pos >= stop:
-                return
-            begin = end + 1
-            end = find(b"\n", begin)
-        while end >= 0:
-            yield pos, view[begin:end]
-            pos += end - begin + 1
             if stop is not None and pos >= stop:
                 return
             begin = end + 1
@@ -92,7 +87,7 @@ def parse_line(raw, text_key: str) -> tuple[str | None, str | None]:
     try:
         obj = orjson.loads(raw)
     except orjson.JSONDecodeError:
-        return _parse_slowly(bytes(raw), text_key)
+        obj = None
     if type(obj) is dict:
         text = obj.get(text_key)
         if type(text) is str:
