@@ -1,4 +1,4 @@
-"""The `flat-tokens` console script: `flat-tokens run|verify|inspect ...`."""
+"""The `flat-tokens` console script: `flat-tokens run|verify|inspect|report ...`."""
 import importlib
 import os
 import signal
@@ -11,6 +11,7 @@ COMMANDS = {
     "run": ("pipeline.run", "turn a JSONL corpus into a shuffled, tokenized flat-tokens dataset"),
     "verify": ("pipeline.verify", "check every invariant of a dataset; non-zero exit on any violation"),
     "inspect": ("pipeline.inspect", "summarize a dataset, show sequences and packed windows"),
+    "report": ("pipeline.report", "write a self-contained HTML report of a dataset (docs/report.md)"),
     "export": ("pipeline.export", "write a dataset as Megatron-LM .bin/.idx pairs (a Beam job)"),
 }
 
