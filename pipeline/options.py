@@ -287,6 +287,11 @@ OPTIONS: tuple[Option, ...] = (
            help="also write the end-of-run summary as JSON to this path (for schedulers)",
            template="a file on the launcher VM, which is discarded; on Dataflow the same stats are the "
                     "committed dataset's root attributes"),
+    Option(name="report", group="reporting",
+           help="after the run, also write the dataset's self-contained HTML report (flat-tokens report, "
+                "docs/report.md) to this path, local or gs://; a report that cannot be written is a warning",
+           template="written by the launcher once the job is done, and a Dataflow job is not waited for: run "
+                    "`flat-tokens report OUTPUT --html PATH` on the committed dataset"),
     Option(name="progress_interval", group="reporting", type=float, default=10.0,
            help="seconds between progress lines on local runners", template=_LAUNCHER_ONLY),
     Option(name="quiet", group="reporting", type=bool,

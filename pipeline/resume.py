@@ -45,8 +45,8 @@ CHECK_THREADS = 16  # staged files and chunks checked at once (object stores: la
 # Options that change nothing a run writes: they do not make another command. Nor does --output:
 # a command is compared with what is at its output, and a dataset copied elsewhere is what the
 # same command would build there.
-_NOT_THE_COMMAND = {"output", "overwrite", "restart", "no_staging", "summary_json", "progress_interval", "quiet",
-                    "verbose"}
+_NOT_THE_COMMAND = {"output", "overwrite", "restart", "no_staging", "summary_json", "report", "progress_interval",
+                    "quiet", "verbose"}
 COMPRESSION_RATIO_GUESS = 4  # as pipeline/plan.py: progress only
 
 

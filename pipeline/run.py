@@ -227,6 +227,9 @@ def _submitted(result, ft: FlatTokensOptions) -> int:
     if ft.summary_json:
         print("flat-tokens: --summary_json is not written for a Dataflow job: the stats are the committed "
               "dataset's root attribute 'stats'", file=sys.stderr)
+    if ft.report:
+        print(f"flat-tokens: --report is not written for a Dataflow job: once it is done, run `flat-tokens report "
+              f"{ft.output} --html {ft.report}`", file=sys.stderr)
     return 0
 
 
@@ -482,7 +485,22 @@ def _report(ft, plan, wall_seconds: float, used: parallelism.Parallelism | None 
             logs.log().warning("flat-tokens: warning: --summary_json %s: cannot be written (%s); %s is committed",
                                ft.summary_json, e.strerror or e, ft.output)
     print(format_summary(summary))
+    if ft.report:
+        write_report(ft, summary, plan.target.storage_options if plan else None)
     return 0
+
+
+def write_report(ft, summary: dict, storage_options: dict | None) -> None:
+    """--report: the dataset's HTML page (pipeline/report.py), with this run's summary for its
+    build time. The dataset is committed: a report that cannot be written is a warning."""
+    from pipeline.report import make_report
+    options = [f"--storage_option={k}={json.dumps(v)}" for k, v in (storage_options or {}).items()]
+    try:
+        make_report(ft.output, ft.report, options, summary=summary)
+        print(f"  report: {ft.report}")
+    except Exception as e:
+        logs.log().warning("flat-tokens: warning: --report %s: not written (%s: %s); %s is committed",
+                           ft.report, type(e).__name__, str(e)[:300], ft.output)
 
 
 def _run(options, plan, ft, stopping: _Stopping | None = None, report_dir: str | None = None) -> int | None:
