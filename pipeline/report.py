@@ -138,9 +138,11 @@ def split_section(split: FlatTokensSplit, args) -> dict:
 # Documents and one packed window
 
 
-def documents(split: FlatTokensSplit, runs: list[tuple[int, int]], decoder) -> list[dict]:
-    """A few sequences, the first not too long of runs spread over the split, decoded."""
-    picks = [lo for lo, _ in spread(split.num_sequences, 1, DOCUMENTS_SHOWN)]
+def documents(split: FlatTokensSplit, decoder) -> list[dict]:
+    """DOCUMENTS_SHOWN sequences spread evenly over the split (all when it has no more), decoded;
+    a sequence too long to show is named, not read."""
+    n = split.num_sequences
+    picks = list(range(n)) if n <= DOCUMENTS_SHOWN else [lo for lo, _ in spread(n, 1, DOCUMENTS_SHOWN)]
     out = []
     for i in picks:
         a, b = split.sequence_bounds(i)
@@ -326,7 +328,7 @@ def collect(args) -> dict:
     report["top_tokens"] = [{"id": i, "count": c, "piece": decoder.piece(i) if decoder else None}
                             for i, c in zip(report["splits"]["train"]["token_ids"]["ids"][:TOP_TOKENS],
                                             report["splits"]["train"]["token_ids"]["counts"][:TOP_TOKENS])]
-    report["documents"] = documents(train, report["splits"]["train"]["lengths"]["runs"], decoder)
+    report["documents"] = documents(train, decoder)
     report["window"] = packed_window(train, args.window, decoder)
     report["mixture"] = attrs.get("mixture")
     stats = attrs.get("stats") or {}

@@ -1,0 +1,184 @@
+"""`flat-tokens report`: the dataset's self-contained HTML page, rendered in a real, headless
+Chromium (Debian's package; .ci/run installs it) and checked from the rendered page."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from pipeline.reader import open_dataset
+from pipeline.report import spread
+from tests import chromium
+from tests.conftest import sample_texts
+from tests.helpers import REPO, run_pipeline, write_jsonl
+
+needs_chromium = pytest.mark.skipif(
+    chromium.binary() is None,
+    reason="headless Chromium is not installed (Debian: apt-get install chromium; .ci/run installs it): the "
+           "report's browser tests render the page in it")
+
+SECTIONS = ("provenance", "splits", "mixture", "dedup", "rejected", "tokens", "documents", "window", "sample")
+HOSTILE = ['<script>window.__pwned = 1; console.error("ran")</script> after the script',
+           '<img src=x onerror="window.__pwned = 2"> an image that must stay text',
+           'entities stay as written: &amp; &lt;b&gt; &#60;i&#62; &quot; and a closing </pre></section></main>',
+           '<style>body{display:none}</style><iframe src="https://example.com"></iframe> <!-- a comment']
+
+
+def report(dataset, html, *args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pipeline.report", str(dataset), "--html", str(html), *map(str, args)],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def mixture_dataset(tmp_path_factory, bpe_tokenizer):
+    """Real text (stdlib docstrings) as two weighted sources, with exact copies, near-copies and
+    rejected lines, built with --dedup near; and its run summary."""
+    root = tmp_path_factory.mktemp("report")
+    texts = [t for t in sample_texts() if len(t.split()) >= 12]
+    web, code = texts[:260], texts[260:520]
+    write_jsonl(root / "web.jsonl", web + web[:12])  # exact copies
+    write_jsonl(root / "code.jsonl", code + [t + " Also." for t in code[:8]])  # near-copies
+    with open(root / "web.jsonl", "a") as f:
+        f.write('not json {"text": <script>alert(1)</script>\n{"body": "no text key"}\n')
+    (root / "mix.yaml").write_text("sources:\n  - {name: web, input: web.jsonl, weight: 0.7}\n"
+                                   "  - {name: code, input: code.jsonl, weight: 0.3, max_epochs: 3}\n")
+    out = root / "mix.zarr"
+    run_pipeline("--mixture", root / "mix.yaml", "--tokenizer", bpe_tokenizer, "--output", out, "--dedup", "near",
+                 "--validation_fraction", "0.05", "--max_rejected_fraction", "0.05",
+                 "--summary_json", root / "summary.json")
+    return out, root / "summary.json"
+
+
+def rendered(html, width=1280):
+    """(the page's facts as measured in the browser, its console, its PDF's size)."""
+    with chromium.Chromium() as browser:
+        page = browser.open(html.as_uri(), width=width)
+        facts = page.evaluate("""JSON.stringify({
+            sections: [...document.querySelectorAll('main > section')].map(s => ({id: s.id,
+                height: s.getBoundingClientRect().height, heading: s.querySelector('h2').textContent})),
+            figures: [...document.querySelectorAll('figure')].map(f => {
+                const r = f.querySelector('svg').getBoundingClientRect();
+                return {id: f.id, width: r.width, height: r.height,
+                        marks: f.querySelectorAll('svg .bar, svg .series').length,
+                        caption: f.querySelector('figcaption').textContent}}),
+            scripts: document.scripts.length, images: document.images.length,
+            iframes: document.querySelectorAll('iframe').length,
+            resources: performance.getEntriesByType('resource').length,
+            pwned: window.__pwned === undefined ? null : window.__pwned,
+            bodyVisible: getComputedStyle(document.body).display !== 'none',
+            overflowX: document.documentElement.scrollWidth - document.documentElement.clientWidth,
+            docs: [...document.querySelectorAll('#documents pre.doc')].map(p => p.textContent),
+            excerpts: [...document.querySelectorAll('#rejected pre.excerpt')].map(p => p.textContent),
+            pairs: [...document.querySelectorAll('#dedup .pairs pre')].map(p => p.textContent),
+            window: document.querySelector('#window .window') && document.querySelector('#window .window').textContent,
+            boundaries: document.querySelectorAll('#window .window .boundary').length,
+            splitRows: [...document.querySelectorAll('#splits table tr')].slice(1).map(
+                tr => [...tr.children].map(td => td.textContent)),
+        })""")
+        pdf = page.pdf()
+        return json.loads(facts), page.console, pdf
+
+
+@needs_chromium
+def test_the_report_of_a_mixture_with_dedup_renders_every_section_and_figure(mixture_dataset, tmp_path):
+    out, summary = mixture_dataset
+    html = tmp_path / "report.html"
+    proc = report(out, html, "--summary", summary, "--window", "512")
+    assert proc.returncode == 0, proc.stderr
+    facts, console, pdf = rendered(html)
+
+    problems = [m for m in console if m["level"] in ("error", "warning")]
+    assert not problems, problems
+    assert facts["resources"] == 0 and facts["scripts"] == 0  # self-contained: nothing fetched, nothing run
+    assert [s["id"] for s in facts["sections"]] == list(SECTIONS)
+    assert all(s["height"] > 40 for s in facts["sections"]), facts["sections"]
+    figures = {f["id"]: f for f in facts["figures"]}
+    assert set(figures) == {"fig-lengths-train", "fig-lengths-validation", "fig-shares", "fig-source-lengths",
+                            "fig-dedup", "fig-rejected", "fig-rank-frequency"}
+    for f in figures.values():
+        assert f["width"] >= 400 and f["height"] >= 60 and f["marks"] >= 1, f
+    assert figures["fig-shares"]["marks"] == 4  # asked and achieved, for each of the two sources
+    assert figures["fig-source-lengths"]["marks"] == 2
+    assert facts["overflowX"] <= 0  # readable on a laptop screen: no sideways scrolling at 1280 px
+    narrow, _, _ = rendered(html, width=800)
+    assert narrow["overflowX"] <= 0
+    assert pdf.startswith(b"%PDF") and len(pdf) > 10_000  # printable
+
+    # What the page says is what the reader reads (the reader is the oracle, not the report).
+    splits = open_dataset(str(out))
+    rows = {r[0]: r for r in facts["splitRows"]}
+    for name, split in splits.items():
+        assert rows[name][1] == f"{split.num_sequences:,}" and rows[name][2] == f"{split.num_tokens:,}"
+    window = splits["train"].packed(0, 512)
+    assert facts["boundaries"] == int((window & 1).sum())
+    assert "all" in figures["fig-lengths-train"]["caption"]  # a small split is not sampled: it is all read
+    # The rejected lines' excerpts are shown as the text they were.
+    assert any('<script>alert(1)</script>' in e for e in facts["excerpts"])
+    # The decoded documents are the dataset's own sequences.
+    decoded = set(facts["docs"])
+    assert len(decoded) >= 3 and all(len(d) > 20 for d in decoded)
+
+
+@needs_chromium
+def test_input_text_with_script_and_entities_never_runs_or_breaks_the_page(tmp_path):
+    """Documents, rejected lines and dedup pairs holding markup are shown as the text they are."""
+    write_jsonl(tmp_path / "in" / "a.jsonl", HOSTILE + HOSTILE[:1])  # and an exact copy, removed
+    with open(tmp_path / "in" / "a.jsonl", "a") as f:
+        f.write("<script>window.__pwned = 3</script> &amp; not JSON\n")
+    out = tmp_path / "hostile.zarr"
+    run_pipeline("--input", tmp_path / "in" / "a.jsonl", "--tokenizer", "bytes", "--output", out,
+                 "--validation_fraction", "0", "--max_rejected_fraction", "0.5", "--dedup", "exact")
+    pairs = tmp_path / "pairs.jsonl"
+    write_jsonl(pairs, [])
+    with open(pairs, "w") as f:
+        for t in HOSTILE:
+            f.write(json.dumps({"removed": {"text": t}, "kept": t + " (kept)"}) + "\n")
+    html = tmp_path / "report.html"
+    # Every document is shown decoded, and the packed window (longer than the split) holds them all.
+    proc = report(out, html, "--dedup_report", pairs, "--window", "4096")
+    assert proc.returncode == 0, proc.stderr
+    facts, console, _ = rendered(html)
+
+    assert not [m for m in console if m["level"] in ("error", "warning")], console
+    assert facts["pwned"] is None and facts["scripts"] == 0 and facts["images"] == 0 and facts["iframes"] == 0
+    assert facts["resources"] == 0 and facts["bodyVisible"]
+    assert [s["id"] for s in facts["sections"]] == list(SECTIONS)  # a `</section></main>` in text broke nothing
+    assert sorted(facts["docs"]) == sorted(HOSTILE)  # character for character, entities not decoded
+    assert all(h in facts["window"] for h in HOSTILE)
+    assert facts["boundaries"] == len(HOSTILE)
+    assert any("<script>window.__pwned = 3</script> &amp; not JSON" in e for e in facts["excerpts"])
+    assert facts["pairs"][:2] == [HOSTILE[0], HOSTILE[0] + " (kept)"]
+    assert sorted(facts["pairs"][::2]) == sorted(HOSTILE)
+
+
+def test_the_report_reads_a_bounded_sample_and_says_so(mixture_dataset, tmp_path):
+    """A split larger than the sample is read in spread runs of fixed size; the page states it."""
+    out, _ = mixture_dataset
+    html = tmp_path / "r.html"
+    proc = report(out, html, "--sample_sequences", "64", "--sample_tokens", "4096")
+    assert proc.returncode == 0, proc.stderr
+    text = html.read_text()
+    assert "sample: 64 of" in text and "a sample of 4,096 train tokens: 16 windows of 256 tokens" in text
+    assert "<script" not in text.split("</head>")[1]
+
+
+def test_spread_covers_evenly_and_reads_everything_when_small():
+    assert spread(10, 4, 16) == [(0, 10)]
+    runs = spread(1000, 10, 5)
+    assert runs == [(0, 10), (247, 257), (495, 505), (742, 752), (990, 1000)]
+    assert spread(0, 10, 5) == []
+
+
+def test_a_missing_or_uncommitted_dataset_is_one_error_line(tmp_path):
+    proc = report(tmp_path / "nothing.zarr", tmp_path / "r.html")
+    assert proc.returncode == 2 and proc.stderr.startswith("flat-tokens report: error:"), proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "r.html").exists()
+
+
+def test_run_writes_the_report_when_asked(tmp_path):
+    write_jsonl(tmp_path / "a.jsonl", sample_texts()[:60])
+    out, html = tmp_path / "o.zarr", tmp_path / "o.html"
+    proc = run_pipeline("--input", tmp_path / "a.jsonl", "--tokenizer", "bytes", "--output", out, "--report", html)
+    assert f"report: {html}" in proc.stdout
+    text = html.read_text()
+    assert "tokens/s" in text and open_dataset(str(out))["train"].run_id in text  # the run's own build time
