@@ -29,6 +29,28 @@ def binary() -> str | None:
     return next((p for p in map(shutil.which, BINARIES) if p), None)
 
 
+_REASON: list = []
+
+
+def unusable_reason() -> str | None:
+    """None when headless Chromium is installed and starts here; else why not (once per process)."""
+    if not _REASON:
+        found = binary()
+        if found is None:
+            _REASON.append("headless Chromium is not installed (Debian: apt-get install chromium; .ci/run installs "
+                           "it)")
+        else:
+            try:
+                proc = subprocess.run([found, "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom",
+                                       "data:text/html,<p>ok</p>"], capture_output=True, text=True, timeout=120)
+                ok = "<p>ok</p>" in proc.stdout
+                _REASON.append(None if ok else f"{found} does not start headless here (exit {proc.returncode}: "
+                                               f"{proc.stderr.strip()[-300:]})")
+            except (OSError, subprocess.TimeoutExpired) as e:
+                _REASON.append(f"{found} does not start headless here ({type(e).__name__}: {e})")
+    return _REASON[0]
+
+
 class Page:
     def __init__(self, browser: "Chromium", session: str):
         self.browser, self.session = browser, session

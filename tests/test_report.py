@@ -12,10 +12,17 @@ from tests import chromium
 from tests.conftest import sample_texts
 from tests.helpers import REPO, run_pipeline, write_jsonl
 
-needs_chromium = pytest.mark.skipif(
-    chromium.binary() is None,
-    reason="headless Chromium is not installed (Debian: apt-get install chromium; .ci/run installs it): the "
-           "report's browser tests render the page in it")
+
+
+@pytest.fixture
+def browser_ok():
+    """The browser tests skip, saying why, where Chromium is missing or does not start."""
+    reason = chromium.unusable_reason()
+    if reason:
+        pytest.skip(f"{reason}: the report's browser tests render the page in it")
+
+
+needs_chromium = pytest.mark.usefixtures("browser_ok")
 
 SECTIONS = ("provenance", "splits", "mixture", "dedup", "rejected", "tokens", "documents", "window", "sample")
 HOSTILE = ['<script>window.__pwned = 1; console.error("ran")</script> after the script',
