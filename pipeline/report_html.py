@@ -31,7 +31,7 @@ code,pre,.mono{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;
 pre{white-space:pre-wrap;overflow-wrap:anywhere;background:#f3f4f6;padding:6px 8px;border-radius:4px;margin:4px 0}
 figure{margin:8px 0}figcaption{color:#5a6472;font-size:12.5px}
 svg{display:block;max-width:100%;height:auto}svg text{font:11px system-ui,sans-serif;fill:#333}
-.grid{display:grid;grid-template-columns:repeat(auto-fit,minmax(440px,1fr));gap:8px 20px}
+.grid{display:grid;grid-template-columns:repeat(auto-fit,minmax(420px,1fr));gap:8px 24px}
 .pairs{display:grid;grid-template-columns:1fr 1fr;gap:6px 12px}
 .window{white-space:pre-wrap;overflow-wrap:anywhere;line-height:1.6}
 .seg{padding:1px 0;border-radius:2px}.seg0{background:#e3edf8}.seg1{background:#fbead9}
@@ -258,8 +258,7 @@ def provenance(r: dict) -> str:
     rows += [("tokenizer", esc(f"{tok.get('spec')} ({tok.get('kind')}, vocab {tok.get('vocab_size')}, backend "
                                f"{tok.get('backend')}, sha256 {str(tok.get('sha256'))[:16]}…)") if tok else "not recorded"),
              ("seed", esc(p.get("seed"))), ("run id", f"<code>{esc(p.get('run_id'))}</code>"),
-             ("versions", esc(f"written by {package.get('name')} {package.get('version')}; report by "
-                              f"flat-tokens-beam {r['version']}")),
+             ("versions", esc(f"written by {package.get('name')} {package.get('version')}; report by {r['version']}")),
              ("storage", esc(", ".join(f"{k} {json.dumps(v)}" for k, v in (p.get("storage") or {}).items()))),
              ("checksums", esc(p["checksums"])),
              ("manifest", esc("recorded: " + json.dumps(manifest)[:300] + " (not checked by the report: "
@@ -278,6 +277,7 @@ def splits(r: dict) -> str:
     rows = [[esc(name), num(x["sequences"]), num(x["tokens"]), num(x["max_token_id"]), size(x["bytes"]),
              num(x["bytes_per_token"]) if x["bytes_per_token"] is not None else "–"] for name, x in s.items()]
     out.append(table(["split", "documents", "tokens", "max token id", "on storage", "bytes/token"], rows, {1, 2, 3, 4, 5}))
+    out.append('<div class="grid">')
     for name, x in s.items():
         d = x["lengths"]
         out.append(f'<div id="split-{esc(name)}"><h3>{esc(name)}</h3>')
@@ -296,6 +296,7 @@ def splits(r: dict) -> str:
                    f'windows ({num(chosen["dropped_tokens"])} tokens in the partial last one). Other lengths: '
                    + ", ".join(f"{num(w['length'])}: {num(w['full'])}" for w in x["windows"] if not w["chosen"])
                    + ".</p></div>")
+    out.append("</div>")
     return section("splits", "Splits", out)
 
 

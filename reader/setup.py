@@ -6,7 +6,8 @@
 It installs the same `pipeline` and `transforms` packages as the full distribution (the
 repository root's setup.py), from the same files, with only what reading needs: the reader
 (pipeline.reader, FlatTokensSplit), Blend, the data loader adapters (pipeline.loaders,
-torch_data, jax_data), verify, inspect, and the Megatron layout (pipeline.megatron). Running
+torch_data, jax_data), verify, inspect, report (its figures are hand-written SVG: no
+plotting package), and the Megatron layout (pipeline.megatron). Running
 the pipeline or `export` (Beam jobs) needs the full distribution: `flat-tokens run` says so.
 Install one of the two distributions in an environment, not both (they hold the same
 modules, as opencv-python and opencv-python-headless do).

@@ -109,6 +109,8 @@ def test_the_reader_install_trains_a_step_blends_and_verifies(reader_venv, tmp_p
     assert verify.returncode == 0 and "OK: train" in verify.stdout, verify.stdout + verify.stderr
     inspect = in_venv(reader_venv, reader_venv / "flat-tokens", "inspect", out, "--sequences", "1", cwd=tmp_path)
     assert inspect.returncode == 0 and "train" in inspect.stdout, inspect.stderr[-2000:]
+    report = in_venv(reader_venv, reader_venv / "flat-tokens", "report", out, "--html", tmp_path / "r.html", cwd=tmp_path)
+    assert report.returncode == 0 and "</html>" in (tmp_path / "r.html").read_text(), report.stderr[-2000:]
     run = in_venv(reader_venv, reader_venv / "flat-tokens", "run", "--help", cwd=tmp_path)
     assert run.returncode == 2 and "Install flat-tokens-beam for `run` and `export`" in run.stderr, run.stderr
 
