@@ -1,6 +1,7 @@
 """`flat-tokens report`: the dataset's self-contained HTML page, rendered in a real, headless
 Chromium (Debian's package; .ci/run installs it) and checked from the rendered page."""
 import json
+import os
 import subprocess
 import sys
 
@@ -10,6 +11,7 @@ from pipeline.reader import open_dataset
 from pipeline.report import spread
 from tests import chromium
 from tests.conftest import sample_texts
+from tests.gcs_emulator import BUCKET, gcs  # noqa: F401 (a fixture)
 from tests.helpers import REPO, run_pipeline, write_jsonl
 
 
@@ -189,3 +191,17 @@ def test_run_writes_the_report_when_asked(tmp_path):
     assert f"report: {html}" in proc.stdout
     text = html.read_text()
     assert "tokens/s" in text and open_dataset(str(out))["train"].run_id in text  # the run's own build time
+
+
+def test_report_reads_and_writes_cloud_storage(mixture_dataset, gcs):
+    """gs:// both ways (the real fake-gcs-server): the dataset read from the bucket, the page written there."""
+    out, _ = mixture_dataset
+    gcs.fs.put(str(out), f"{BUCKET}/report/mix.zarr", recursive=True)
+    proc = subprocess.run([sys.executable, "-m", "pipeline.report", f"gs://{BUCKET}/report/mix.zarr",
+                           "--html", f"gs://{BUCKET}/report/mix.html"], cwd=REPO, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, **gcs.env})
+    assert proc.returncode == 0, proc.stderr
+    gcs.fs.invalidate_cache()
+    page = gcs.fs.cat(f"{BUCKET}/report/mix.html").decode()
+    assert all(f'<section id="{s}">' in page for s in SECTIONS)
+    assert f"{open_dataset(str(out))['train'].num_tokens:,} train tokens" in page
