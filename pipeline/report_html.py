@@ -292,7 +292,7 @@ def splits(r: dict) -> str:
         else:
             out.append('<p class="note">empty split</p>')
         chosen = [w for w in x["windows"] if w["chosen"]][0]
-        out.append(f'<p>Windows of the chosen length {num(chosen["length"])}: <b>{num(chosen["full"])}</b> full '
+        out.append(f'<p>Windows of the chosen length {num(chosen["length"])}: <b class="chosen">{num(chosen["full"])}</b> full '
                    f'windows ({num(chosen["dropped_tokens"])} tokens in the partial last one). Other lengths: '
                    + ", ".join(f"{num(w['length'])}: {num(w['full'])}" for w in x["windows"] if not w["chosen"])
                    + ".</p></div>")
@@ -319,7 +319,7 @@ def mixture(r: dict) -> str:
                          [[esc(s["name"]), num(s["weight"]), num(s["max_epochs"]), f"{s.get('multiplier', 0):.4f}",
                            num(s.get("documents")), num(s.get("train_tokens")), num(s.get("validation_tokens"))]
                           for s in srcs], {1, 2, 3, 4, 5, 6}))
-    if per_source:
+    if per_source and any(d["values"] for d in per_source):
         d = r["splits"]["train"]["lengths"]
         what = "all train sequences" if d["exact"] else f"a sample of {num(d['sampled'])} train sequences"
         out.append(source_lengths(per_source, "fig-source-lengths",

@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from pipeline.reader import open_dataset
@@ -83,6 +84,9 @@ def rendered(html, width=1280):
             boundaries: document.querySelectorAll('#window .window .boundary').length,
             splitRows: [...document.querySelectorAll('#splits table tr')].slice(1).map(
                 tr => [...tr.children].map(td => td.textContent)),
+            topTokens: [...document.querySelectorAll('#tokens table tr')].slice(1).map(
+                tr => [...tr.children].map(td => td.textContent)),
+            chosenWindows: [...document.querySelectorAll('#splits .chosen')].map(b => b.textContent),
         })""")
         pdf = page.pdf()
         return json.loads(facts), page.console, pdf
@@ -118,6 +122,11 @@ def test_the_report_of_a_mixture_with_dedup_renders_every_section_and_figure(mix
     rows = {r[0]: r for r in facts["splitRows"]}
     for name, split in splits.items():
         assert rows[name][1] == f"{split.num_sequences:,}" and rows[name][2] == f"{split.num_tokens:,}"
+    assert facts["chosenWindows"] == [f"{s.num_windows(512):,}" for s in splits.values()]
+    ids = np.concatenate(list(splits["train"]))  # a small split: the report counted every token
+    top = np.argsort(-np.bincount(ids), kind="stable")[:10]
+    assert [int(r[1].replace(",", "")) for r in facts["topTokens"][:10]] == top.tolist()
+    assert all(r[2] not in ("", "–") for r in facts["topTokens"])  # decoded with the dataset's tokenizer
     window = splits["train"].packed(0, 512)
     assert facts["boundaries"] == int((window & 1).sum())
     assert "all" in figures["fig-lengths-train"]["caption"]  # a small split is not sampled: it is all read
