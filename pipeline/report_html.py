@@ -33,11 +33,11 @@ figure{margin:8px 0}figcaption{color:#5a6472;font-size:12.5px}
 svg{display:block;max-width:100%;height:auto}svg text{font:11px system-ui,sans-serif;fill:#333}
 .grid{display:grid;grid-template-columns:repeat(auto-fit,minmax(420px,1fr));gap:8px 24px}
 .pairs{display:grid;grid-template-columns:1fr 1fr;gap:6px 12px}
-.window{white-space:pre-wrap;overflow-wrap:anywhere;line-height:1.6}
+.window{white-space:pre-wrap;overflow-wrap:anywhere;line-height:1.6;max-height:44em;overflow-y:auto}
 .seg{padding:1px 0;border-radius:2px}.seg0{background:#e3edf8}.seg1{background:#fbead9}
 .boundary{display:inline-block;background:#b04a5a;color:#fff;font:600 10px system-ui,sans-serif;
  padding:0 3px;margin:0 2px;border-radius:2px}
-@media print{body{background:#fff}main{max-width:none;padding:0}section{break-inside:avoid;border:0;padding:0 0 8px}
+@media print{body{background:#fff}.window{max-height:none;overflow:visible}main{max-width:none;padding:0}section{break-inside:avoid;border:0;padding:0 0 8px}
  .grid{grid-template-columns:1fr 1fr}}
 """
 
