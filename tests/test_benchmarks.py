@@ -1,5 +1,6 @@
 """Smoke tests of benchmarks/bench_pipeline.py, bench_reader.py, bench_resume.py, bench_unit_check.py,
-bench_codecs.py, bench_runners.py, bench_checksums.py, bench_dedup.py, bit_flips.py and simulate_scale.py on tiny
+bench_codecs.py, bench_runners.py, bench_checksums.py, bench_dedup.py, bench_report.py, bit_flips.py and
+simulate_scale.py on tiny
 inputs: they run end to end and
 report every field (no timing assertions: the numbers depend on the machine)."""
 import json
@@ -410,3 +411,16 @@ def test_bench_dedup_smoke(tmp_path):
     words = quality["settings"]["words"]["against word 5-grams"]
     assert words["pairs_at_threshold_plus_0.05"] > 0 and words["recall"] >= 0.95 and words["precision"] >= 0.95
     assert words["pairs_across_splits"] == 0
+
+
+@pytest.mark.slow
+def test_bench_report_smoke(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "bench_report.py"), "--sizes_mb", "0.2", "1", "--repeats", "1",
+         "--work", str(tmp_path), "--report_args", "--sample_tokens 4096 --sample_sequences 256"],
+        cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
+    lines = [line for line in proc.stdout.splitlines() if "MB of text:" in line]
+    assert len(lines) == 2 and all("s wall" in line and "s its own" in line for line in lines), proc.stdout
+    assert "4,096 tokens" in lines[1] and "256 sequence lengths" in lines[1]  # the larger one is sampled
+    assert "ratio 1 MB / 0.2 MB:" in proc.stdout
