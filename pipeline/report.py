@@ -335,6 +335,11 @@ def collect(args) -> dict:
     report["stats"] = {k: v for k, v in stats.items() if k not in SPLITS}
     report["rejected"] = rejected_section(stats, args.rejected or attrs.get("rejected_output"), options)
     report["dedup"] = dedup_section(attrs, args.dedup_report, options)
+    # A file the user names must be read; one the dataset records may be gone (a note on the page).
+    for given, section, option in ((args.rejected, "rejected", "--rejected"),
+                                   (args.dedup_report, "dedup", "--dedup_report")):
+        if given and report[section]["note"]:
+            raise ValueError(f"{option} {report[section]['note']}")
     report["provenance"] = provenance_section(attrs, train, summary, getattr(decoder, "name", None), note)
     report["seconds"] = round(time.monotonic() - began, 3)
     report["generated"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())

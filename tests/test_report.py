@@ -193,6 +193,14 @@ def test_a_missing_or_uncommitted_dataset_is_one_error_line(tmp_path):
     assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "r.html").exists()
 
 
+def test_a_named_file_that_cannot_be_read_is_one_error_line(mixture_dataset, tmp_path):
+    out, _ = mixture_dataset
+    proc = report(out, tmp_path / "r.html", "--dedup_report", tmp_path / "missing.jsonl")
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert proc.stderr.startswith(f"flat-tokens report: error: --dedup_report {tmp_path / 'missing.jsonl'}: cannot be read")
+    assert not (tmp_path / "r.html").exists()
+
+
 def test_run_writes_the_report_when_asked(tmp_path):
     write_jsonl(tmp_path / "a.jsonl", sample_texts()[:60])
     out, html = tmp_path / "o.zarr", tmp_path / "o.html"
