@@ -210,6 +210,7 @@ def test_run_writes_the_report_when_asked(tmp_path):
     assert "tokens/s" in text and open_dataset(str(out))["train"].run_id in text  # the run's own build time
 
 
+@pytest.mark.slow  # starts the emulator
 def test_report_reads_and_writes_cloud_storage(mixture_dataset, gcs):
     """gs:// both ways (the real fake-gcs-server): the dataset read from the bucket, the page written there."""
     out, _ = mixture_dataset
