@@ -313,7 +313,12 @@ def collect(args) -> dict:
     options = dict(args.storage_option) or None
     splits = open_dataset(args.dataset, options)
     attrs = splits["train"].attrs
-    decoder, note = choose_decoder(args.tokenizer, attrs.get("tokenizer"), options)
+    try:
+        decoder, note = choose_decoder(args.tokenizer, attrs.get("tokenizer"), options)
+    except ImportError as e:  # the reader-only install has no `tokenizers`: the page shows ids
+        if args.tokenizer:
+            raise ValueError(f"--tokenizer {args.tokenizer}: needs {e.name}, which this environment lacks") from None
+        decoder, note = None, f"the recorded tokenizer needs {e.name}, which this environment lacks: showing token ids"
     summary = args.summary_data
     if summary is None and args.summary:
         try:

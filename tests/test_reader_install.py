@@ -115,6 +115,21 @@ def test_the_reader_install_trains_a_step_blends_and_verifies(reader_venv, tmp_p
     assert run.returncode == 2 and "Install flat-tokens-beam for `run` and `export`" in run.stderr, run.stderr
 
 
+@pytest.mark.slow  # builds a virtual environment and installs into it
+def test_the_reader_install_reports_a_bpe_dataset_as_token_ids(reader_venv, tmp_path, corpus, bpe_tokenizer):
+    """No `tokenizers` there: the report of a dataset written with a tokenizer.json still renders,
+    and says why it shows ids; asking for that tokenizer is one error line."""
+    out = tmp_path / "bpe.zarr"
+    run_pipeline("--input", f"{corpus}/*.jsonl", "--output", out, "--tokenizer", bpe_tokenizer)
+    html = tmp_path / "r.html"
+    proc = in_venv(reader_venv, reader_venv / "flat-tokens", "report", out, "--html", html, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "needs tokenizers, which this environment lacks: showing token ids" in html.read_text()
+    proc = in_venv(reader_venv, reader_venv / "flat-tokens", "report", out, "--html", html, "--tokenizer",
+                   bpe_tokenizer, cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.strip().endswith("needs tokenizers, which this environment lacks")
+
+
 def test_the_full_install_keeps_its_setup():
     """The repository root's setup.py stays the full distribution (Dataflow's --setup_file, the
     Flink and scheduled templates, `pip install -e '.[test,fast]'`), and reader/setup.py names
