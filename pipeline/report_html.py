@@ -65,6 +65,12 @@ def size(n) -> str:
         n /= 1024
 
 
+def clip(text: str, width: int) -> str:
+    """A label of at most `width` characters: its end, where names differ (paths, globs)."""
+    text = str(text)
+    return text if len(text) <= width else "…" + text[-(width - 1):]
+
+
 def short(n: float) -> str:
     """An axis label: 1, 512, 4k, 2M."""
     for div, suffix in ((1 << 30, "G"), (1 << 20, "M"), (1 << 10, "k")):
@@ -167,7 +173,7 @@ def source_lengths(per_source: list[dict], fig_id: str, caption: str) -> str:
         body.append(f'<polyline class="series" points="{" ".join(points)}" fill="none" stroke="{color}" '
                     f'stroke-width="1.6"><title>{esc(d["name"])}</title></polyline>')
         body.append(f'<rect x="{W - R + 10}" y="{T + 16 * i}" width="10" height="10" fill="{color}"/>'
-                    f'<text x="{W - R + 24}" y="{T + 9 + 16 * i}">{esc(d["name"][:18])}</text>')
+                    f'<text x="{W - R + 24}" y="{T + 9 + 16 * i}">{esc(clip(d["name"], 18))}</text>')
     body += _x_ticks(edges, fx, H - B)
     body.append(f'<text x="{(W - R + L) / 2}" y="{H - 3}" text-anchor="middle">tokens per sequence (log scale)</text>')
     return svg(W, H, "sequence lengths per source", body, fig_id, caption)
@@ -187,7 +193,7 @@ def hbars(rows: list[tuple[str, list[float]]], series: list[str], fig_id: str, c
                     f'<text x="{L + 14 + 110 * j}" y="13">{esc(name)}</text>')
     y = T
     for label, values in rows:
-        body.append(f'<text x="{L - 6}" y="{y + per * bar / 2 + 4:.1f}" text-anchor="end">{esc(label[:22])}</text>')
+        body.append(f'<text x="{L - 6}" y="{y + per * bar / 2 + 4:.1f}" text-anchor="end">{esc(clip(label, 22))}</text>')
         for j, v in enumerate(values):
             w = (W - L - R) * v / top
             body.append(f'<rect class="bar" x="{L}" y="{y + j * bar}" width="{max(w, 0.5):.1f}" height="{bar - 2}" '

@@ -72,6 +72,9 @@ def rendered(html, width=1280):
                         marks: f.querySelectorAll('svg .bar, svg .series').length,
                         caption: f.querySelector('figcaption').textContent}}),
             scripts: document.scripts.length, images: document.images.length,
+            svgs: document.querySelectorAll('svg').length,
+            legend: [...document.querySelectorAll('#fig-source-lengths svg text, #fig-source-lengths svg title')].map(
+                t => t.textContent).join('|'),
             iframes: document.querySelectorAll('iframe').length,
             resources: performance.getEntriesByType('resource').length,
             pwned: window.__pwned === undefined ? null : window.__pwned,
@@ -139,12 +142,14 @@ def test_the_report_of_a_mixture_with_dedup_renders_every_section_and_figure(mix
 
 @needs_chromium
 def test_input_text_with_script_and_entities_never_runs_or_breaks_the_page(tmp_path):
-    """Documents, rejected lines and dedup pairs holding markup are shown as the text they are."""
-    write_jsonl(tmp_path / "in" / "a.jsonl", HOSTILE + HOSTILE[:1])  # and an exact copy, removed
-    with open(tmp_path / "in" / "a.jsonl", "a") as f:
+    """Documents, rejected lines, dedup pairs and a file (so a source) name holding markup are
+    shown as the text they are."""
+    name = tmp_path / "in" / "<b onmouseover=x>&amp;<svg onload=alert(1)>.jsonl"
+    write_jsonl(name, HOSTILE + HOSTILE[:1])  # and an exact copy, removed
+    with open(name, "a") as f:
         f.write("<script>window.__pwned = 3</script> &amp; not JSON\n")
     out = tmp_path / "hostile.zarr"
-    run_pipeline("--input", tmp_path / "in" / "a.jsonl", "--tokenizer", "bytes", "--output", out,
+    run_pipeline("--input", name, "--tokenizer", "bytes", "--output", out, "--record_sources",
                  "--validation_fraction", "0", "--max_rejected_fraction", "0.5", "--dedup", "exact")
     pairs = tmp_path / "pairs.jsonl"
     write_jsonl(pairs, [])
@@ -164,6 +169,9 @@ def test_input_text_with_script_and_entities_never_runs_or_breaks_the_page(tmp_p
     assert sorted(facts["docs"]) == sorted(HOSTILE)  # character for character, entities not decoded
     assert all(h in facts["window"] for h in HOSTILE)
     assert facts["boundaries"] == len(HOSTILE)
+    assert facts["svgs"] == len(facts["figures"])  # the file name made no <svg> of its own
+    assert str(name) in facts["legend"]  # the source's name, whole in the per-source figure's tooltip
+    assert "…" + str(name)[-17:] in facts["legend"]  # and its end in the legend
     assert any("<script>window.__pwned = 3</script> &amp; not JSON" in e for e in facts["excerpts"])
     assert facts["pairs"][:2] == [HOSTILE[0], HOSTILE[0] + " (kept)"]
     assert sorted(facts["pairs"][::2]) == sorted(HOSTILE)
