@@ -401,7 +401,19 @@ def check_options(o: FlatTokensOptions) -> None:
     check_near_options(o)
 
 
+NEAR_OPTIONS = ("near_threshold", "near_shingle", "near_shingle_size", "near_hashes", "near_bands")
+
+
 def check_near_options(o: FlatTokensOptions) -> None:
+    # As --long_documents without --max_tokens: an option that would be silently ignored is
+    # refused. "Given" is "set to other than its default" (the options object holds values,
+    # not the command line; a Dataflow template passes every parameter, defaults included).
+    if o.dedup != "near":
+        defaults = {opt.name: opt.default for opt in OPTIONS}
+        given = [name for name in NEAR_OPTIONS if getattr(o, name) != defaults[name]]
+        if given:
+            raise OptionError(f"--{given[0]} {getattr(o, given[0])} needs --dedup near (it only tunes near-duplicate "
+                              f"removal; with --dedup {o.dedup} it would be ignored)")
     if not 0 <= o.near_threshold <= 1:
         raise OptionError(f"--near_threshold {o.near_threshold}: must be in [0, 1]")
     if o.near_shingle_size < 1:

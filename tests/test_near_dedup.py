@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import zarr
 
-from tests.helpers import SAMPLE, check_flat_tokens, run_pipeline, write_jsonl
+from tests.helpers import SAMPLE, check_flat_tokens, refused, run_pipeline, write_jsonl
 from tests.test_resume import dataset_digest, kill_when, resume, staged_now, units_staged
 from transforms.tokenize import minhash
 from transforms.tokenize.near_dedup import candidate_pairs, components, large_star, small_star
@@ -287,3 +287,26 @@ def test_which_pairs_a_crowded_band_compares_does_not_depend_on_node_ids():
         found.append({frozenset((by_id[a], by_id[b])) for e in requests for a, b in zip(e.a.tolist(), e.b.tolist())})
     assert found[0] == found[1] and len(found[0]) == 16 * 15 // 2 + 14 * 16
 
+
+
+# ---------------------------------------------------------------------------------------------
+# options
+
+@pytest.mark.parametrize("dedup", ["none", "exact"])
+def test_near_options_without_dedup_near_are_refused_at_launch(tmp_path, dedup):
+    """They would be silently ignored: exit 2, one line naming the option and --dedup near."""
+    src = write_jsonl(tmp_path / "in.jsonl", ["a document"])
+    for option, value in (("near_threshold", "0.7"), ("near_shingle", "tokens"), ("near_shingle_size", "3"),
+                          ("near_hashes", "128"), ("near_bands", "16")):
+        line = refused(run_pipeline("--input", src, "--tokenizer", "bytes", "--output", tmp_path / "o.zarr",
+                                    "--dedup", dedup, f"--{option}", value, check=False))
+        assert f"--{option} {value} needs --dedup near" in line and f"--dedup {dedup}" in line, line
+    assert not (tmp_path / "o.zarr").exists()
+
+
+def test_near_options_are_taken_with_dedup_near():
+    from apache_beam.options.pipeline_options import PipelineOptions
+    from pipeline.options import FlatTokensOptions, check_options
+    argv = ["--input", "a.jsonl", "--tokenizer", "bytes", "--output", "o.zarr", "--dedup", "near",
+            "--near_threshold", "0.7", "--near_shingle", "tokens", "--near_hashes", "128", "--near_bands", "16"]
+    check_options(PipelineOptions(argv).view_as(FlatTokensOptions))
