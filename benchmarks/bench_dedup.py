@@ -37,6 +37,7 @@ import shutil
 import sys
 import tempfile
 import time
+import unicodedata
 from pathlib import Path
 
 import numpy as np
@@ -49,7 +50,13 @@ TARGET_CPU_RATIO = 1.6
 TARGET_RSS_MB = 1024
 TARGET_RSS_GROWTH = 0.1  # GB per GB of input
 THRESHOLD = 0.8
-WORD = re.compile(rb"[0-9A-Za-z_\x80-\xff]+")
+WORD = re.compile(rb"[0-9A-Za-z_\x80-\xff]+")  # a rough word count, to pick longer texts
+
+
+def words_of(text: str) -> list[str]:
+    """Words as docs/dedup.md defines them (NFKC, case folding, accents dropped, runs of \\w)."""
+    folded = unicodedata.normalize("NFKD", unicodedata.normalize("NFKC", text).casefold())
+    return re.sub(r"\W+", " ", "".join(c for c in folded if not unicodedata.category(c).startswith("M"))).split()
 COST_RUNS = {"a": ["--dedup", "exact"], "b": ["--dedup", "near"],
              "c": ["--dedup", "near", "--near_shingle", "tokens"]}
 DEFAULT_QUALITY_SETTINGS = ("words", "tokens", "words --near_hashes 128 --near_bands 16",
@@ -121,7 +128,7 @@ def planted(texts: list[str], rng: random.Random) -> list[str]:
 def word_grams(texts: list[str], n: int = 5) -> list[np.ndarray]:
     out = []
     for t in texts:
-        words = [w.lower() for w in WORD.findall(t.encode("utf-8"))]
+        words = words_of(t)
         out.append(np.unique(np.array([hash(tuple(words[i:i + n])) for i in range(len(words) - n + 1)],
                                       dtype=np.int64)))
     return out

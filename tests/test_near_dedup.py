@@ -10,7 +10,7 @@ precision of the removals (a removed text has a kept text at or above threshold 
 no pair at or above the threshold across train and validation."""
 import json
 import random
-import re
+import unicodedata
 from collections import Counter, defaultdict
 from itertools import combinations
 
@@ -25,12 +25,16 @@ from transforms.tokenize.near_dedup import candidate_pairs, components, large_st
 
 THRESHOLD = 0.8
 MULTI = ["--direct_num_workers=2", "--direct_running_mode=multi_processing"]
-WORD = re.compile(rb"[0-9A-Za-z_\x80-\xff]+")
+def words_of(text: str) -> list[str]:
+    """Words as docs/dedup.md defines them: NFKC, case-folded, NFKD without combining marks,
+    then runs of letters, digits and `_` (character by character here, not by a regex)."""
+    folded = unicodedata.normalize("NFKD", unicodedata.normalize("NFKC", text).casefold())
+    kept = "".join(c for c in folded if not unicodedata.category(c).startswith("M"))
+    return "".join(c if c.isalnum() or c == "_" else " " for c in kept).split()
 
 
 def shingles(text: str, n: int = 5) -> set:
-    """Word n-grams: runs of ASCII letters, digits, `_` and non-ASCII bytes, ASCII lowercased."""
-    words = [w.lower() for w in WORD.findall(text.encode("utf-8"))]
+    words = words_of(text)
     return {tuple(words[i:i + n]) for i in range(len(words) - n + 1)}
 
 
@@ -228,6 +232,35 @@ def test_signatures_estimate_jaccard_within_their_standard_deviation():
         errors.append(minhash.estimated_jaccard(s[:1], s[1:])[0] - exact)
     errors = np.array(errors)
     assert abs(errors.mean()) < 0.01 and errors.std() < 0.04, (errors.mean(), errors.std())
+
+
+RUSSIAN = ("Ещё вчера вечером мы шли по берегу реки, и ёлки стояли тёмной стеной; её голос звучал над водой. "
+           "Утром туман поднялся над лугом, и всё вокруг казалось новым: дорога, мост, старый дом у леса, "
+           "где жила наша семья. Мы пили чай на веранде, читали письма и говорили о том, что будет дальше, "
+           "пока солнце не поднялось высоко над деревьями и не стало жарко.")
+
+
+@pytest.mark.parametrize("variant", [str.upper, lambda t: t.replace("ё", "е").replace("Ё", "Е"),
+                                     lambda t: t.upper().replace("Ё", "Е"), lambda t: "  ".join(t.split()),
+                                     lambda t: unicodedata.normalize("NFD", t)],
+                         ids=["upper", "yo", "upper-yo", "spaces", "nfd"])
+def test_case_accents_and_spaces_of_any_script_change_no_shingle(variant):
+    """A 60-word Russian text and its variants: the same shingles, so Jaccard 1 (their
+    signatures agree on every bin), by the pipeline's words as by the definition's."""
+    assert len(RUSSIAN.split()) >= 60
+    other = variant(RUSSIAN)
+    assert other != RUSSIAN and shingles(other) == shingles(RUSSIAN) and len(shingles(RUSSIAN)) >= 55
+    s = minhash.batch_signatures(minhash.MinHashSettings(), [RUSSIAN.encode(), other.encode()], None, None)
+    assert minhash.signed(s).all() and minhash.estimated_jaccard(s[:1], s[1:])[0] == 1.0
+
+
+def test_the_ascii_fast_path_makes_the_definitions_words():
+    """ASCII texts skip the Unicode normalisation: their words hash as the normalised ones would."""
+    texts = ["Hello, World! it's a_b  TEST-case 42x\ttab", "MIXED case: Ünïcödé and ASCII", "ﬁne ＦＵＬＬ ｗｉｄｔｈ"]
+    by_path = minhash.word_hashes([t.encode() for t in texts])
+    normalised = minhash.word_hashes([" ".join(words_of(t)).encode() for t in texts])
+    assert all(np.array_equal(a, b) for a, b in zip(by_path, normalised))
+    assert by_path[1].tolist() == [len(words_of(t)) for t in texts]
 
 
 def test_token_shingles_skip_the_n_grams_across_documents():

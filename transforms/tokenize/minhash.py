@@ -2,10 +2,13 @@
 between two documents estimates the Jaccard similarity of their shingle sets. Computed where
 the documents are tokenized, for a whole batch at once, and staged with the batch.
 
-Shingles. `words` (the default): n consecutive words, a word being a run of ASCII letters,
-digits and `_` or of any non-ASCII bytes (letters of every other script), ASCII lowercased;
-everything else (spaces, punctuation) separates words, so a changed line break, a changed
-case or an added comma changes no shingle. `tokens`: n consecutive token ids, which depend
+Shingles. `words` (the default): n consecutive words of the text normalised (normalised_text):
+Unicode NFKC, then case folding (str.casefold: every script's case, ß -> ss), then NFKD with
+the combining marks dropped (accents: é -> e, ё -> е, й -> и), and a word is a run of word
+characters (letters, digits, `_`: Python's `\\w`); everything else (spaces, punctuation of any
+script) separates words, so a changed line break, a changed case or accent or an added comma
+changes no shingle. Numbers are not folded (a changed price or version is a change). ASCII
+texts (most) take a fast path that gives the same words: ASCII lowercased, the rest split. `tokens`: n consecutive token ids, which depend
 on the tokenizer (with `--tokenizer bytes` they are character n-grams). Documents with fewer
 than n words (or tokens) have no shingle and no signature: only exact copies of them are
 found (docs/design.md has the measurements that chose words and n = 5).
@@ -31,6 +34,8 @@ Every step is integer arithmetic on fixed constants: the same bytes on any machi
 independent of --seed (so a run with a new seed reuses staged batches).
 """
 import functools
+import re
+import unicodedata
 from dataclasses import dataclass
 
 import numpy as np
@@ -73,8 +78,10 @@ class MinHashSettings:
         return self.hashes // self.bands
 
     def signature_key(self) -> dict:
-        """What the signatures depend on (the bands only decide candidates)."""
-        return {"shingle": self.shingle, "shingle_size": self.shingle_size, "hashes": self.hashes}
+        """What the signatures depend on (the bands only decide candidates); `words` names the
+        word normalisation, so batches staged under another are not reused."""
+        return {"shingle": self.shingle, "shingle_size": self.shingle_size, "hashes": self.hashes,
+                "words": WORD_NORMALISATION}
 
 
 def _fmix32(h: np.ndarray, scratch: np.ndarray) -> np.ndarray:
@@ -108,6 +115,39 @@ _WORD_BYTES = _word_byte_table()
 _FIRST_BYTES = np.array([(1 << (8 * n)) - 1 for n in range(8)] + [(1 << 64) - 1], dtype=np.uint64)
 
 
+WORD_NORMALISATION = "nfkc-casefold-nfkd-nomarks"  # staged with signatures: what a word is
+
+
+@functools.lru_cache(maxsize=1)
+def _marks() -> re.Pattern:
+    """Every combining mark (Unicode categories Mn, Mc, Me), as one character class. Marks lie in
+    planes 0 and 1 and among plane 14's variation selectors: only those are scanned (0.1 s)."""
+    planes = [*range(0x20000), *range(0xE0000, 0xE1000)]
+    marks = [c for c in planes if unicodedata.category(chr(c)).startswith("M")]
+    ranges, start = [], marks[0]
+    for prev, c in zip(marks, marks[1:] + [None]):
+        if c != prev + 1:
+            ranges.append(f"{re.escape(chr(start))}-{re.escape(chr(prev))}" if prev > start else re.escape(chr(start)))
+            start = c
+    return re.compile("[" + "".join(ranges) + "]+")
+
+
+_NOT_WORD = re.compile(r"\W+")
+
+
+def normalised_text(text: str) -> str:
+    """The text as shingles see it: NFKC, case-folded, NFKD without combining marks, and every
+    run of non-word characters one space. Words are then the runs between spaces."""
+    folded = unicodedata.normalize("NFKD", unicodedata.normalize("NFKC", text).casefold())
+    return _NOT_WORD.sub(" ", _marks().sub("", folded))
+
+
+def normalised_words(encoded: list[bytes]) -> list[bytes]:
+    """`encoded` (UTF-8 texts) with the non-ASCII ones normalised (normalised_text); ASCII texts
+    as they are: the word byte table lowercases and splits them alike, much faster."""
+    return [e if e.isascii() else normalised_text(e.decode("utf-8")).encode("utf-8") for e in encoded]
+
+
 def word_hashes(encoded: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
     """(uint32 hash of every word of the documents, in order; int64 words per document).
 
@@ -116,6 +156,7 @@ def word_hashes(encoded: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
     that differ only elsewhere count as the same word."""
     if not encoded:
         return np.empty(0, np.uint32), np.empty(0, np.int64)
+    encoded = normalised_words(encoded)
     # One buffer, documents separated by (and ending in) a byte that is not a word byte, so no
     # word spans two; 8 more bytes for the 8-byte reads below. bytes.translate lowercases the
     # word bytes and zeroes the others.
