@@ -343,3 +343,42 @@ def test_near_options_are_taken_with_dedup_near():
     argv = ["--input", "a.jsonl", "--tokenizer", "bytes", "--output", "o.zarr", "--dedup", "near",
             "--near_threshold", "0.7", "--near_shingle", "tokens", "--near_hashes", "128", "--near_bands", "16"]
     check_options(PipelineOptions(argv).view_as(FlatTokensOptions))
+
+
+# ---------------------------------------------------------------------------------------------
+# which copy is kept
+
+def test_copy_defects_rate_capitals_and_mangled_whitespace_not_length():
+    from transforms.tokenize.copy_defects import copy_defects
+    prose = "The river ran past the mill. Every morning the miller opened the gates.\n    indented code line\n"
+    texts = [prose, prose.upper(), prose.title(), prose.replace(" ", "  "), prose * 5, prose.replace("\n", "  \n"),
+             RUSSIAN, RUSSIAN.upper(), "ÉCOLE " * 10, "straße " * 10, ""]
+    d = copy_defects([t.encode() for t in texts])
+    capitals, anomalies = (d >> 8).tolist(), (d & 0xFF).tolist()
+    assert capitals[0] == 0 and capitals[1] == 15 and 3 <= capitals[2] <= 6 and capitals[4] == capitals[0]
+    assert capitals[6] == 0 and capitals[7] == 15 and capitals[8] == 15 and capitals[9] == 0
+    assert anomalies[0] == anomalies[4] == anomalies[6] == 0, "indentation and length are no defect"
+    assert anomalies[3] > 50 and anomalies[5] > 0 and d[10] == 0
+
+
+@pytest.mark.slow
+def test_a_cluster_keeps_the_original_over_its_capitals_and_respaced_copies(tmp_path):
+    """Each original with an all-caps copy, a Title Case copy and a re-spaced copy (one
+    cluster of Jaccard 1), given in either order and over two worker processes: the original
+    is kept, and the others are removed."""
+    texts = [json.loads(line)["text"] for line in open(SAMPLE / "corpus-1.jsonl", encoding="utf-8")]
+    originals = [t for t in texts if len(shingles(t)) >= 40 and t.upper() != t][:25] + [RUSSIAN]
+    variants = [v for t in originals for v in (t.upper(), t.title(), re_spaced(t)) if v != t]
+    outputs = []
+    for name, docs, extra in (("first", variants + originals, []), ("last", originals + variants, MULTI)):
+        write_jsonl(tmp_path / name / "in.jsonl", docs)
+        out = tmp_path / f"{name}.zarr"
+        run_pipeline("--input", tmp_path / name / "in.jsonl", "--tokenizer", "bytes", "--dedup", "near",
+                     "--output", out, "--validation_fraction", "0", *extra)
+        outputs.append(set(written_texts(out, "train")))
+    assert outputs[0] == outputs[1] == set(originals)
+
+
+def re_spaced(text: str) -> str:
+    """Every space doubled, and blanks before each line break: the words unchanged."""
+    return text.replace(" ", "  ").replace("\n", " \n")

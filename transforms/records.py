@@ -45,6 +45,9 @@ class TokenizedBatch:
     # and a batch that crosses from one stage to another (a resumed run's replayed batches
     # meet the freshly tokenized ones in a Flatten) carries the file's name, not its ids.
     ids_file: str | None = None
+    # (n,) uint16 copy_defects (capitals, whitespace anomalies), with --dedup near only: which
+    # near-copy a cluster keeps
+    defects: np.ndarray | None = None
 
     def __getstate__(self):
         state = dict(self.__dict__)

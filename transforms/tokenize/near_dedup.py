@@ -37,8 +37,10 @@ worker, whose memory is that of those edges only; the counts say how many there 
 
 Kept texts and split. Each linked component meets whole at its smallest node's shard. Its
 near-copy pairs make clusters; each cluster keeps the text with the smallest rank (the
-earliest input on the command line or in the mixture, then the longest in tokens, then the
-smallest content digest: nothing that depends on the number of shards) and removes the
+earliest input on the command line or in the mixture, then the fewest capitals, then the
+fewest whitespace anomalies (copy_defects.py: the original over its all-caps or re-spaced
+variant), then the longest in tokens, then the smallest content digest: nothing that depends
+on the number of shards or the runner) and removes the
 others. The component's split is validation when any copy of any member was read from a
 validation input, else, when any copy was read from an input split by --validation_fraction,
 the seeded content hash of its first member decides (as it decides alone for a text without
@@ -80,6 +82,8 @@ UNCONVERGED_EDGES = "near_unconverged_edges"
 FALSE_POSITIVE_MARGIN = 0.1  # a removed text "has no near-copy" below threshold - this
 
 _LENGTH_BITS = 40
+_DEFECT_BITS = 12  # copy_defects: 4 bits of capitals, 8 of whitespace anomalies
+_INPUT_BITS = 64 - _DEFECT_BITS - _LENGTH_BITS
 _ROW_BITS = 32
 _ROW_MASK = np.uint64((1 << _ROW_BITS) - 1)
 
@@ -88,11 +92,16 @@ def vote_of(split: str) -> int:
     return {"train": TRAIN, "auto": AUTO, "validation": VALIDATION}[split]
 
 
-def rank_of(file_key: str, lengths: np.ndarray) -> np.ndarray:
-    """uint64 ranks of a batch's documents: the input index, then the longest first."""
+def rank_of(file_key: str, lengths: np.ndarray, defects: np.ndarray | None = None) -> np.ndarray:
+    """uint64 ranks of a batch's documents (the kept text of a cluster has the smallest): the
+    input index (inputs from 4,095 on rank alike), then the fewest capitals, then the fewest
+    whitespace anomalies (copy_defects), then the longest in tokens."""
     longest_first = (1 << _LENGTH_BITS) - 1 - np.minimum(lengths, (1 << _LENGTH_BITS) - 1).astype(np.uint64)
-    index = min(input_index(file_key), (1 << (64 - _LENGTH_BITS)) - 1)
-    return (np.uint64(index) << np.uint64(_LENGTH_BITS)) | longest_first
+    index = min(input_index(file_key), (1 << _INPUT_BITS) - 1)
+    rank = (np.uint64(index) << np.uint64(_DEFECT_BITS + _LENGTH_BITS)) | longest_first
+    if defects is not None:
+        rank |= (defects.astype(np.uint64) & np.uint64((1 << _DEFECT_BITS) - 1)) << np.uint64(_LENGTH_BITS)
+    return rank
 
 
 def shard_of_node(ids: np.ndarray) -> np.ndarray:
@@ -137,7 +146,8 @@ class KeyNodes(WritesBehindWithSpillDir, beam.DoFn):
         if signed.size == 0:
             return
         digests, signatures = batch.digests[signed], batch.signatures[signed]
-        ranks = rank_of(batch.file_key, batch.lengths[signed])
+        ranks = rank_of(batch.file_key, batch.lengths[signed],
+                        None if batch.defects is None else batch.defects[signed])
         votes = np.full(signed.size, vote_of(batch.split), dtype=np.int8)
         path = None
         if self._writer:
