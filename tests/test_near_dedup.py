@@ -74,14 +74,38 @@ def edited(text: str, rng: random.Random, rate: float) -> str:
     return variant
 
 
+# Latin letters to Cyrillic ones (o to ё): the sample's English texts as texts of another script
+CYRILLIC = str.maketrans("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ",
+                         "абцдефгхийклмнёпярстувшщызАБЦДЕФГХИЙКЛМНЁПЯРСТУВШЩЫЗ")
+
+
+def folded_variant(text: str, rng: random.Random) -> str:
+    """A copy that differs only in what the words fold away: case (of any script), accents
+    (ё for е, é for e) or whitespace."""
+    kind = rng.randrange(4)
+    if kind == 0:
+        return text.upper()
+    if kind == 1:
+        return text.replace("ё", "е").replace("Ё", "Е").replace("e", "é")
+    if kind == 2:
+        return text.replace(" ", "  ").replace("\n", " \n\n\n")
+    return text.title()
+
+
 def planted_corpus(seed: int = 7) -> list[str]:
-    """The sample's texts, and 1 to 3 near-copies of 220 of the longer ones, shuffled."""
+    """The sample's texts (60 of them in Cyrillic letters), 1 to 3 near-copies of 220 of the
+    longer ones, 60 copies that differ in case, accents or whitespace, shuffled."""
     rng = random.Random(seed)
     texts = [json.loads(line)["text"] for p in sorted(SAMPLE.glob("*.jsonl")) for line in open(p, encoding="utf-8")]
-    originals = rng.sample([t for t in texts if len(shingles(t)) >= 60], 220)
-    # Most variants close to their original (Jaccard 0.75 to 1), a quarter further (0.4 to 0.8).
+    texts = [t.translate(CYRILLIC) if i % 25 == 0 else t for i, t in enumerate(texts)]
+    longer = [t for t in texts if len(shingles(t)) >= 60]
+    originals = rng.sample(longer, 220)
+    # Most variants close to their original (Jaccard 0.75 to 1: many in the borderline band
+    # 0.80-0.85), a quarter further (0.4 to 0.8).
     variants = [edited(t, rng, rng.uniform(0, 0.03) if rng.random() < 0.75 else rng.uniform(0.03, 0.1))
                 for t in originals for _ in range(rng.choice((1, 1, 2, 3)))]
+    cyrillic = [t for t in longer if not t.isascii()]
+    variants += [folded_variant(t, rng) for t in rng.sample(longer, 30) + rng.sample(cyrillic, min(30, len(cyrillic)))]
     corpus = texts + variants
     rng.shuffle(corpus)
     return corpus
@@ -117,11 +141,16 @@ def test_near_copies_are_found_as_brute_force_jaccard_says(planted):
     assert len(kept) == len(train) + len(validation) and kept <= set(texts)
     index = {t: i for i, t in enumerate(texts)}
 
-    close = [(i, j) for (i, j), s in jaccard.items() if s >= THRESHOLD + 0.05]
-    assert len(close) >= 150, "the planted variants make enough near-copy pairs to measure"
-    found = [not (texts[i] in kept and texts[j] in kept) for i, j in close]
-    recall = sum(found) / len(close)
-    assert recall >= 0.95, recall
+    def recall(low, high=1.01):
+        pairs = [(i, j) for (i, j), s in jaccard.items() if low <= s < high]
+        return sum(not (texts[i] in kept and texts[j] in kept) for i, j in pairs) / len(pairs), len(pairs)
+
+    (at_threshold, pairs), (borderline, border_pairs) = recall(THRESHOLD), recall(THRESHOLD, THRESHOLD + 0.05)
+    assert pairs >= 300 and border_pairs >= 50, "the planted variants make enough near-copy pairs to measure"
+    assert at_threshold >= 0.98 and borderline >= 0.98, (at_threshold, borderline)
+    folded = [(i, j) for (i, j), s in jaccard.items() if s == 1.0 and texts[i].casefold() != texts[j].casefold()]
+    assert len(folded) >= 30 and all(not (texts[i] in kept and texts[j] in kept) for i, j in folded)
+    assert sum(not t.isascii() for t in kept) >= 40, "Cyrillic texts are kept, and some of them cluster"
 
     near = defaultdict(list)
     for (i, j), s in jaccard.items():
@@ -130,7 +159,7 @@ def test_near_copies_are_found_as_brute_force_jaccard_says(planted):
     removed = [index[t] for t in texts if t not in kept]
     justified = [any(texts[j] in kept and s >= THRESHOLD - 0.1 for j, s in near[r]) for r in removed]
     precision = sum(justified) / len(removed)
-    assert precision >= 0.95, precision
+    assert precision >= 0.98, precision  # at most 2% of the removals without a kept copy at J >= 0.7
 
     train_ids, validation_ids = {index[t] for t in train}, {index[t] for t in validation}
     across = [(i, j) for (i, j), s in jaccard.items() if s >= THRESHOLD

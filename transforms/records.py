@@ -460,6 +460,8 @@ class NearDecisions:
     digests: np.ndarray  # (n, 2) uint64
     removed: np.ndarray  # bool
     splits: np.ndarray  # int8 split of the cluster (0 train, 1 validation)
+    kept: np.ndarray  # (n, 2) uint64: the digest of the text kept for each (its own, when it is kept)
+    similarity: np.ndarray  # float32: their estimated Jaccard similarity (1 when it is kept)
 
 
 for _record in (Nodes, NodePart, BandPart, Edges, NearDecisions):
