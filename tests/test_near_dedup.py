@@ -127,7 +127,7 @@ def planted(tmp_path_factory):
     args = ["--input", root / "in", "--tokenizer", "bytes", "--dedup", "near", "--validation_fraction", "0.3",
             "--seed", "3", "--rejected_output", root / "rejected"]
     out = root / "out.zarr"
-    run_pipeline(*args, "--output", out)
+    run_pipeline(*args, "--output", out, "--dedup_report", root / "report")
     return root, corpus, args, out
 
 
@@ -178,6 +178,32 @@ def test_near_copies_are_found_as_brute_force_jaccard_says(planted):
     assert near_stats["clustered_texts"] - near_stats["clusters"] == len(removed)
     assert near_stats["verified_pairs"] <= near_stats["candidate_pairs"]
     assert 0 <= near_stats["estimated_false_positive_rate"] <= 1 - precision + 0.02
+
+
+@pytest.mark.slow
+def test_the_report_lists_exactly_the_removed_documents(planted):
+    """One row per removed copy (exact and near), each naming where it was read and a kept
+    text that is in the output; the rows add up to the stats; near rows at Jaccard >= 0.7."""
+    from transforms.tokenize.report_files import document_at, read_report
+    root, corpus, _, out = planted
+    attrs = zarr.open_group(str(out), mode="r").attrs
+    rows = read_report(str(root / "report"), attrs["run_id"])
+    stats = attrs["stats"]
+    assert len(rows) == stats["duplicates"] + stats["near_duplicates"] == stats["dedup_report_rows"] > 200
+    kept = set(written_texts(out, "train")) | set(written_texts(out, "validation"))
+    removed = [document_at(r["removed_file"], r["removed_offset"]) for r in rows]
+    matched = [document_at(r["kept_file"], r["kept_offset"]) for r in rows]
+    assert len({(r["removed_file"], r["removed_offset"]) for r in rows}) == len(rows), "each copy once"
+    # Every input document is written once or listed once: the removed copies are the rest.
+    assert Counter(removed) == Counter(t for t in corpus if t) - Counter(kept)
+    assert all(k in kept for k in matched), "every row names a kept text that is in the output"
+    for r, text, k in zip(rows, removed, matched):
+        assert (r["match"] == "exact") == (text == k) and (text in kept) == (r["match"] == "exact")
+    near = [(text, k) for r, text, k in zip(rows, removed, matched) if r["match"] == "near"]
+    similar = [len(shingles(a) & shingles(b)) / len(shingles(a) | shingles(b)) >= THRESHOLD - 0.1 for a, b in near]
+    # Every copy of a text removed as a near-copy names the kept near-copy (its own exact
+    # copies, counted as duplicates, too).
+    assert len({text for text, _ in near}) == stats["near_duplicates"] and sum(similar) >= 0.98 * len(near)
 
 
 @pytest.mark.slow
@@ -363,7 +389,11 @@ def test_near_options_without_dedup_near_are_refused_at_launch(tmp_path, dedup):
         line = refused(run_pipeline("--input", src, "--tokenizer", "bytes", "--output", tmp_path / "o.zarr",
                                     "--dedup", dedup, f"--{option}", value, check=False))
         assert f"--{option} {value} needs --dedup near" in line and f"--dedup {dedup}" in line, line
-    assert not (tmp_path / "o.zarr").exists()
+    if dedup == "none":
+        line = refused(run_pipeline("--input", src, "--tokenizer", "bytes", "--output", tmp_path / "o.zarr",
+                                    "--dedup_report", tmp_path / "report", check=False))
+        assert "--dedup_report" in line and "needs --dedup exact or near" in line, line
+    assert not (tmp_path / "o.zarr").exists() and not (tmp_path / "report").exists()
 
 
 def test_near_options_are_taken_with_dedup_near():
