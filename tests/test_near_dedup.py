@@ -309,6 +309,19 @@ def test_case_accents_and_spaces_of_any_script_change_no_shingle(variant):
     assert minhash.signed(s).all() and minhash.estimated_jaccard(s[:1], s[1:])[0] == 1.0
 
 
+MULTILINGUAL = ["Ἀθῆναι — «Ὁ ΚΌΣΜΟΣ» στὴν Ἑλλάδα!", "Größe, STRASSE und Straße: ÄÖÜ äöü.", "Tiếng Việt có dấu: Đà Nẵng, Huế",
+                "हिन्दी भाषा — देवनागरी लिपि।", "日本語の文章、句読点。中文，标点！", "Ｆｕｌｌ ｗｉｄｔｈ ﬁne ½ ²³ emoji 🙂 x_y",
+                "İstanbul ve ıslak ĞÜŞ", "tab\tand\u00a0nbsp\u2003em space\u200bzero width", "ё Ё й Й é É ñ Ñ ç Ç"]
+
+
+def test_unicode_words_are_the_definitions():
+    """Texts of many scripts: the pipeline's normalised words are the definition's (NFKC,
+    casefold, marks dropped, runs of letters, digits and `_`), computed character by character."""
+    for text in MULTILINGUAL:
+        (normalised,) = minhash.normalised_words([text.encode()])
+        assert normalised.decode().split() == words_of(text), text
+
+
 def test_the_ascii_fast_path_makes_the_definitions_words():
     """ASCII texts skip the Unicode normalisation: their words hash as the normalised ones would."""
     texts = ["Hello, World! it's a_b  TEST-case 42x\ttab", "MIXED case: Ünïcödé and ASCII", "ﬁne ＦＵＬＬ ｗｉｄｔｈ"]
