@@ -42,6 +42,7 @@ from transforms.read.mixture import source_table
 from transforms.write import rejected
 from transforms.write.ownership import DATASET_ENTRIES, OWN_PREFIX, contains, location, refuse_overlaps
 from transforms.progress import ProgressLogger
+from transforms.tokenize.report_files import ReportPathError, check_report_writable
 from transforms.tokenize.tokenizer import TokenizerError
 
 USAGE_ERROR = 2
@@ -418,7 +419,9 @@ def _main(argv, options, ft, stopping: _Stopping) -> int:
         refuse_overlaps(ft.output, inputs, plan.rejected_url)
         zarr_store.check_writable(plan.target)
         rejected.check_writable(plan.rejected_url, plan.target.run_id, plan.target.storage_options)
-    except (OptionError, InputError, TokenizerError, zarr_store.OutputError) as e:
+        if plan.dedup_report:  # written after every document was deduplicated: find out now
+            check_report_writable(plan.dedup_report, plan.target.run_id, plan.target.storage_options)
+    except (OptionError, InputError, TokenizerError, zarr_store.OutputError, ReportPathError) as e:
         return _fail(str(e), USAGE_ERROR)
     plan.resume = resume.prepare(plan, ft, found, plan.target.storage_options)
     for notable, line in resume.describe(plan.resume):

@@ -407,6 +407,12 @@ def test_near_options_without_dedup_near_are_refused_at_launch(tmp_path, dedup):
                                     "--dedup_report", tmp_path / "report", check=False))
         assert "--dedup_report" in line and "needs --dedup exact or near" in line, line
     assert not (tmp_path / "o.zarr").exists() and not (tmp_path / "report").exists()
+    if dedup == "exact":  # a report path that is a file: refused before any data is read
+        (tmp_path / "report").write_text("not a directory")
+        line = refused(run_pipeline("--input", src, "--tokenizer", "bytes", "--output", tmp_path / "o.zarr",
+                                    "--dedup", dedup, "--dedup_report", tmp_path / "report", check=False))
+        assert "--dedup_report" in line and "is a file, not a directory" in line, line
+        assert not (tmp_path / "o.zarr").exists()
 
 
 def test_near_options_are_taken_with_dedup_near():

@@ -29,6 +29,28 @@ def report_files_pattern(run_id: str) -> re.Pattern:
     return re.compile(f"dedup-{re.escape(run_id)}-[0-9]{{5}}-of-[0-9]{{5}}\\.(jsonl|parquet)")
 
 
+class ReportPathError(ValueError):
+    """--dedup_report names a place the report cannot be written to."""
+
+
+def check_report_writable(url: str, run_id: str, storage_options: dict | None = None) -> None:
+    """Refuses, at launch, a --dedup_report that is a file, or where a probe object cannot be
+    written (and deleted): the report is written after the whole corpus was deduplicated."""
+    fs, path = url_to_fs(url, **(storage_options or {}))
+    path = path.rstrip("/")
+    try:
+        if fs.isfile(path):
+            raise ReportPathError(f"--dedup_report {url}: is a file, not a directory; name a directory (it is made "
+                                  f"when missing)")
+        fs.makedirs(path, exist_ok=True)
+        probe = posixpath.join(path, f".flat-tokens-write-check-{run_id}")
+        fs.pipe(probe, b"")
+        fs.rm(probe)
+    except OSError as e:
+        raise ReportPathError(f"--dedup_report {url}: cannot write there ({type(e).__name__}: {e}); choose a "
+                              f"writable directory") from None
+
+
 def read_report(url: str, run_id: str, storage_options: dict | None = None) -> list[dict]:
     """Every row of a run's report, in file order."""
     fs, path = url_to_fs(url, **(storage_options or {}))
