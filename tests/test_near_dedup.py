@@ -208,10 +208,18 @@ def test_the_report_lists_exactly_the_removed_documents(planted):
 
 @pytest.mark.slow
 def test_the_output_is_the_same_on_two_worker_processes_and_other_shards(planted):
+    """And the dedup report holds the same rows (in 5 files instead of 1)."""
+    from transforms.tokenize.report_files import read_report
     root, _, args, out = planted
     other = root / "multi.zarr"
-    run_pipeline(*args, "--output", other, "--num_shards", "5", "--batch_documents", "100", *MULTI)
+    run_pipeline(*args, "--output", other, "--num_shards", "5", "--batch_documents", "100", *MULTI,
+                 "--dedup_report", root / "multi-report.parquet")
     check_flat_tokens(other, "--compare", out)
+    rows = [read_report(str(r), zarr.open_group(str(o), mode="r").attrs["run_id"])
+            for r, o in ((root / "report", out), (root / "multi-report.parquet", other))]
+    assert len(list((root / "multi-report.parquet").iterdir())) > 1
+    key = lambda r: (r["removed_file"], r["removed_offset"])  # noqa: E731
+    assert sorted(rows[0], key=key) == sorted(rows[1], key=key) and len(rows[0]) > 200
 
 
 @pytest.mark.slow
