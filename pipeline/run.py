@@ -359,6 +359,20 @@ def _stop_children() -> None:
             pass
 
 
+def refuse_report_overlaps(report: str, output: str, inputs: list[str], storage_options: dict | None) -> None:
+    """--dedup_report may be neither inside the output (replacing the output would delete it)
+    nor inside an input directory or around an input file (a later run would read the report
+    as documents)."""
+    at = location(report, storage_options)
+    if contains(location(output, storage_options), at):
+        raise OptionError(f"--dedup_report {report}: is inside --output {output}; put the report outside the output")
+    for url in inputs:
+        where = location(url, storage_options)
+        if contains(where, at) or contains(at, where):
+            raise OptionError(f"--dedup_report {report}: overlaps the input {url}; put the report outside every "
+                              f"input, or a later run would read it as documents")
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--help" in argv or "-h" in argv:
@@ -417,6 +431,9 @@ def _main(argv, options, ft, stopping: _Stopping) -> int:
         inputs = ([f.url for f in plan.files] + plan.skipped_files + _tokenizer_file(ft.tokenizer)
                   + ([ft.mixture] if ft.mixture else []))
         refuse_overlaps(ft.output, inputs, plan.rejected_url)
+        if plan.dedup_report:
+            refuse_report_overlaps(plan.dedup_report, ft.output, inputs + list(ft.input or [])
+                                   + list(ft.validation_input or []), plan.target.storage_options)
         zarr_store.check_writable(plan.target)
         rejected.check_writable(plan.rejected_url, plan.target.run_id, plan.target.storage_options)
         if plan.dedup_report:  # written after every document was deduplicated: find out now

@@ -420,6 +420,10 @@ def test_near_options_without_dedup_near_are_refused_at_launch(tmp_path, dedup):
         line = refused(run_pipeline("--input", src, "--tokenizer", "bytes", "--output", tmp_path / "o.zarr",
                                     "--dedup", dedup, "--dedup_report", tmp_path / "report", check=False))
         assert "--dedup_report" in line and "is a file, not a directory" in line, line
+        for inside, what in ((tmp_path / "o.zarr" / "report", "inside --output"), (tmp_path, "overlaps the input")):
+            line = refused(run_pipeline("--input", src, "--tokenizer", "bytes", "--output", tmp_path / "o.zarr",
+                                        "--dedup", dedup, "--dedup_report", inside, check=False))
+            assert "--dedup_report" in line and what in line, line
         assert not (tmp_path / "o.zarr").exists()
 
 
