@@ -39,6 +39,7 @@ from transforms.records import TokenizedBatch
 from transforms.staging import StagingArea
 from transforms.shuffle.shuffle_globally import count_copies
 from transforms.shuffle.weigh_sources import count_source_documents
+from transforms.tokenize.dedup_report import WriteDedupReport
 from transforms.tokenize.staged import ReplayStagedUnits, TokenizeAndStage
 from transforms.write.finished import SIZES, ReplayFinishedShards
 
@@ -68,10 +69,12 @@ def build_pipeline(p: beam.Pipeline, plan: JobPlan):
             for tag in ("rejected", "line_counts", "counts")))
     counted = [corpus.counts, tokenized | "CountEmpty" >> beam.Map(lambda b: {"empty": b.empty})]
     batches = tokenized
+    distinct = None
     if plan.dedup_shards is not None:
         distinct = tokenized | "DropDuplicates" >> DropDuplicates(
             plan.seed, plan.validation_fraction, plan.dedup_shards,
-            plan.source_of_input if plan.mixture is not None else plan.record_sources, plan.near, plan.spill_dir)
+            plan.source_of_input if plan.mixture is not None else plan.record_sources, plan.near, plan.spill_dir,
+            report=plan.dedup_report is not None)
         batches = distinct.batches
         counted.append(distinct.counts)
     if plan.length_limits.active():
@@ -115,6 +118,12 @@ def build_pipeline(p: beam.Pipeline, plan: JobPlan):
                          keep_arrays=bool(resume and resume.keep_arrays),
                          resumable=plan.take_unfinished, also_ours=plan.also_ours,
                          rewrite=resume.rewrite if resume else ()), layout_view))
+    if distinct is not None and distinct.report is not None:  # written once the output is ours, counted at commit
+        counts_of_report = distinct.report | "ReportDuplicates" >> WriteDedupReport(
+            plan.dedup_report, plan.target.run_id, plan.dedup_shards, {f.key: f.url for f in plan.files},
+            singleton(created), so)
+        counts = ((counts, counts_of_report) | "WithReportCounts" >> beam.Flatten()
+                  | "SumReportCounts" >> beam.CombineGlobally(SumCounts()).without_defaults())
     reports = corpus.rejected | "ReportRejectedLines" >> WriteRejectedLines(
         plan.rejected_url, beam.pvalue.AsList(corpus.line_counts), singleton(created), so, plan.target.run_id)
     ready = counts | "CheckRejectedFraction" >> beam.ParDo(

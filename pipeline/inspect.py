@@ -17,6 +17,10 @@ Prints, for a committed dataset at a local path or fsspec URL (gs://, ...):
   format defines them (see pipeline.reader);
 * provenance: tokenizer, seed, inputs, package version, run id, document counts.
 
+With --duplicates N (a dataset built with --dedup_report): instead, the first N rows of its
+dedup report, each removed document beside the kept one it was matched to (read from the
+input files at the places the report names), with their similarity.
+
 Exit status: 0; 2 when the dataset is missing, not committed, or an argument is out of range.
 """
 from __future__ import annotations
@@ -34,6 +38,7 @@ from pipeline import VERSION
 from pipeline.reader import SPLITS, DatasetError, FlatTokensSplit, inputs_targets, open_dataset
 from pipeline.verify import _storage_option
 from transforms.read.mixture import source_table
+from transforms.tokenize.report_files import document_at, read_report
 
 USAGE_ERROR = 2
 BAR_WIDTH = 40
@@ -408,7 +413,42 @@ def parse_args(argv):
     ap.add_argument("--storage_option", type=_storage_option, action="append", default=[], metavar="KEY=VALUE",
                     help="fsspec storage option, repeatable; VALUE is parsed as JSON if it can be")
     ap.add_argument("--json", action="store_true", help="print the report as JSON")
+    ap.add_argument("--duplicates", type=_count, default=None, metavar="N",
+                    help="show N removed documents of the dedup report (--dedup_report) beside the kept ones")
     return ap.parse_args(argv)
+
+
+def duplicates_report(attrs: dict, n: int, max_chars: int, options: dict | None) -> list[dict]:
+    """The first N rows of the dataset's dedup report, each with both documents' texts."""
+    url = attrs.get("dedup_report")
+    if not url:
+        raise ValueError("--duplicates: this dataset was built without --dedup_report; nothing to show")
+    rows = read_report(url, attrs["run_id"], options)[:n]
+    key = attrs.get("text_key", "text")
+    for row in rows:
+        for side in ("removed", "kept"):
+            try:
+                text = document_at(row[f"{side}_file"], row[f"{side}_offset"], key, options)
+            except (OSError, ValueError, KeyError) as e:
+                text = f"(cannot read it: {type(e).__name__}: {e})"
+            row[f"{side}_text"] = text[:max_chars] + ("…" if len(text) > max_chars else "")
+    return rows
+
+
+def render_duplicates(rows: list[dict], width: int = 60) -> str:
+    import textwrap
+    out = []
+    for row in rows:
+        similarity = ("exact copy" if row["match"] == "exact"
+                      else f"near-copy, estimated Jaccard {row['estimated_similarity']:.3f}")
+        out.append(f"removed {row['removed_file']} @ {row['removed_offset']}  |  kept {row['kept_file']} @ "
+                   f"{row['kept_offset']}  ({similarity})")
+        left = textwrap.wrap(row["removed_text"], width) or [""]
+        right = textwrap.wrap(row["kept_text"], width) or [""]
+        for i in range(max(len(left), len(right))):
+            out.append(f"  {(left[i] if i < len(left) else ''):<{width}} | {right[i] if i < len(right) else ''}")
+        out.append("")
+    return "\n".join(out) if out else "(the dedup report has no rows)"
 
 
 def _error(message: str) -> int:
@@ -443,6 +483,15 @@ def build_report(args) -> dict:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.duplicates is not None:
+        try:
+            options = dict(args.storage_option) or None
+            rows = duplicates_report(open_dataset(args.path, options)["train"].attrs, args.duplicates,
+                                     args.max_chars, options)
+        except (DatasetError, ValueError, OSError) as e:
+            return _error(str(e).splitlines()[0] if str(e) else type(e).__name__)
+        print(json.dumps(rows, ensure_ascii=False, indent=1) if args.json else render_duplicates(rows))
+        return 0
     try:
         report = build_report(args)
     except (DatasetError, ValueError) as e:

@@ -141,6 +141,14 @@ OPTIONS: tuple[Option, ...] = (
            template=Template("Near-duplicate bands", "choice",
                              choices=tuple((str(b), f"{b} bands", "of near_hashes / near_bands bins each")
                                            for b in NEAR_BANDS))),
+    Option(name="dedup_report", group="input",
+           help="with --dedup exact or near: a directory (local or gs://) for the report of every removed document: "
+                "where it was read, the kept document it was matched to, their similarity; Parquet files when it "
+                "ends in .parquet, else JSONL (docs/dedup.md)",
+           template=Template("Dedup report folder", "gcs_write", example="gs://my-bucket/flat-tokens/dedup-report",
+                             help="Cloud Storage folder for the report of every document removed by dedup (where "
+                                  "it was read, the kept document it was matched to, their similarity); Parquet "
+                                  "files when it ends in .parquet, else JSONL. Needs dedup exact or near")),
     # tokenization
     Option(name="tokenizer", group="tokenization", required=True,
            help="tokenizer.json path or URL; 'bytes' (built in: UTF-8 byte b -> id b+1); or a "
@@ -406,7 +414,22 @@ def check_options(o: FlatTokensOptions) -> None:
     check_near_options(o)
 
 
+NEAR_OPTIONS = ("near_threshold", "near_shingle", "near_shingle_size", "near_hashes", "near_bands")
+
+
 def check_near_options(o: FlatTokensOptions) -> None:
+    # As --long_documents without --max_tokens: an option that would be silently ignored is
+    # refused. "Given" is "set to other than its default" (the options object holds values,
+    # not the command line; a Dataflow template passes every parameter, defaults included).
+    if o.dedup_report and o.dedup == "none":
+        raise OptionError(f"--dedup_report {o.dedup_report} needs --dedup exact or near (without dedup nothing is "
+                          f"removed to report)")
+    if o.dedup != "near":
+        defaults = {opt.name: opt.default for opt in OPTIONS}
+        given = [name for name in NEAR_OPTIONS if getattr(o, name) != defaults[name]]
+        if given:
+            raise OptionError(f"--{given[0]} {getattr(o, given[0])} needs --dedup near (it only tunes near-duplicate "
+                              f"removal; with --dedup {o.dedup} it would be ignored)")
     if not 0 <= o.near_threshold <= 1:
         raise OptionError(f"--near_threshold {o.near_threshold}: must be in [0, 1]")
     if o.near_shingle_size < 1:

@@ -54,6 +54,7 @@ class JobPlan:
     row_groups: list[RowGroup] = field(default_factory=list)  # of the Parquet files, from their footers
     dedup_shards: int | None = None  # --dedup exact or near: shards of the dedup shuffle; None: no dedup
     near: tuple[MinHashSettings, float] | None = None  # --dedup near: (signatures and bands, threshold)
+    dedup_report: str | None = None  # --dedup_report: the report's directory (transforms/tokenize/dedup_report.py)
     mixture: mix.Mixture | None = None
     source_of_input: list[int] | None = None  # with a mixture: the source of each input index
     record_sources: list[int] | None = None  # --record_sources: the recorded source of each input index
@@ -192,6 +193,8 @@ def plan_job(o: FlatTokensOptions, storage_options: dict | None = None, run_id: 
         "run_id": target.run_id,
         "rejected_output": rejected_output(o),
     }
+    if o.dedup_report:
+        provenance["dedup_report"] = absolute(o.dedup_report)
     if names is not None:
         provenance["sources"] = names
     if o.dedup == "near":
@@ -205,7 +208,7 @@ def plan_job(o: FlatTokensOptions, storage_options: dict | None = None, run_id: 
         max_rejected_fraction=o.max_rejected_fraction, rejected_url=rejected_output(o),
         input_bytes=all_bytes, provenance=provenance, row_groups=row_groups,
         dedup_shards=(o.num_shards or auto_shards(all_bytes)) if o.dedup != "none" else None,
-        near=near_settings(o),
+        near=near_settings(o), dedup_report=absolute(o.dedup_report) if o.dedup_report else None,
         mixture=inputs.mixture, source_of_input=inputs.source_of_input, record_sources=record,
         skipped_files=inputs.skipped, length_limits=limits)
 

@@ -42,6 +42,7 @@ from transforms.read.mixture import source_table
 from transforms.write import rejected
 from transforms.write.ownership import DATASET_ENTRIES, OWN_PREFIX, contains, location, refuse_overlaps
 from transforms.progress import ProgressLogger
+from transforms.tokenize.report_files import ReportPathError, check_report_writable
 from transforms.tokenize.tokenizer import TokenizerError
 
 USAGE_ERROR = 2
@@ -361,6 +362,20 @@ def _stop_children() -> None:
             pass
 
 
+def refuse_report_overlaps(report: str, output: str, inputs: list[str], storage_options: dict | None) -> None:
+    """--dedup_report may be neither inside the output (replacing the output would delete it)
+    nor inside an input directory or around an input file (a later run would read the report
+    as documents)."""
+    at = location(report, storage_options)
+    if contains(location(output, storage_options), at):
+        raise OptionError(f"--dedup_report {report}: is inside --output {output}; put the report outside the output")
+    for url in inputs:
+        where = location(url, storage_options)
+        if contains(where, at) or contains(at, where):
+            raise OptionError(f"--dedup_report {report}: overlaps the input {url}; put the report outside every "
+                              f"input, or a later run would read it as documents")
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--help" in argv or "-h" in argv:
@@ -419,9 +434,14 @@ def _main(argv, options, ft, stopping: _Stopping) -> int:
         inputs = ([f.url for f in plan.files] + plan.skipped_files + _tokenizer_file(ft.tokenizer)
                   + ([ft.mixture] if ft.mixture else []))
         refuse_overlaps(ft.output, inputs, plan.rejected_url)
+        if plan.dedup_report:
+            refuse_report_overlaps(plan.dedup_report, ft.output, inputs + list(ft.input or [])
+                                   + list(ft.validation_input or []), plan.target.storage_options)
         zarr_store.check_writable(plan.target)
         rejected.check_writable(plan.rejected_url, plan.target.run_id, plan.target.storage_options)
-    except (OptionError, InputError, TokenizerError, zarr_store.OutputError) as e:
+        if plan.dedup_report:  # written after every document was deduplicated: find out now
+            check_report_writable(plan.dedup_report, plan.target.run_id, plan.target.storage_options)
+    except (OptionError, InputError, TokenizerError, zarr_store.OutputError, ReportPathError) as e:
         return _fail(str(e), USAGE_ERROR)
     plan.resume = resume.prepare(plan, ft, found, plan.target.storage_options)
     for notable, line in resume.describe(plan.resume):

@@ -392,15 +392,22 @@ def test_bench_dedup_smoke(tmp_path):
     proc = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "bench_dedup.py"), "--input", str(corpus), "--tokenizer", "bytes",
          "--scale", "2", "--rounds", "1", "--quality_documents", "300", "--quality_setting", "words",
-         "--quality_setting", "tokens --near_hashes 128", "--json", str(results), "--workdir", str(tmp_path / "work")],
+         "--quality_setting", "tokens --near_hashes 128", "--short_documents", "500", "--short_bytes", "1024",
+         "--json", str(results), "--workdir", str(tmp_path / "work")],
         cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
     for field in ("every round", "(a) --dedup exact", "(b) --dedup near (words)", "(c) --dedup near tokens",
-                  "ratio b/a", "peak RSS growth", "targets", "CPU <= 1.6x", "1x: peak RSS <= 1,024 MB",
+                  "ratio b/a", "peak RSS growth", "targets", "1x: peak RSS <= 1,024 MB",
+                  "cost on short documents: 500 documents", "short documents: --dedup near CPU / --dedup exact CPU",
                   "quality:", "against word 5-grams", "against token 5-grams", "recall", "precision",
                   "across train and validation"):
         assert field in proc.stdout, f"{field!r} missing from:\n{proc.stdout}"
+    verdicts = [line for line in proc.stdout.splitlines() if "(target <= 1.6)" in line]
+    assert len(verdicts) == 2 and all(line.endswith(("PASS", "FAIL")) for line in verdicts), proc.stdout
     r = json.loads(results.read_text())
+    short = r["short"]
+    assert short["cpu_ratio"] == round(short["medians"]["b"]["cpu_seconds"] / short["medians"]["a"]["cpu_seconds"], 3)
+    assert short["runs"]["a"][0]["sequences"] == 500 and 400_000 < short["bytes"] < 700_000
     cost = r["cost"]
     assert cost["runs"]["a"][0]["sequences"] == cost["runs"]["b"][0]["sequences"] + cost["runs"]["b"][0][
         "near_duplicates"] > 0

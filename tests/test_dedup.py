@@ -136,3 +136,55 @@ def test_identical_texts_inside_one_file(tmp_path, dedup):
     stats = zarr.open_group(str(out), mode="r").attrs["stats"]
     assert (stats["train"]["sequences"], stats["duplicates"], stats["empty"]) == \
         ((2, 2, 1) if dedup == "exact" else (4, 0, 1))
+
+
+@pytest.mark.slow
+def test_the_dedup_report_in_parquet_lists_every_removed_copy_and_inspect_shows_them(tmp_path, capsys):
+    """--dedup exact with a .parquet report, on two worker processes: one row per removed copy,
+    naming its place and its kept copy's (the same text); inspect --duplicates shows them."""
+    import pyarrow.parquet as pq
+    from pipeline.inspect import main as inspect
+    from transforms.tokenize.report_files import document_at
+    texts = [t for t in sample_texts() if t][:200]
+    write_jsonl(tmp_path / "a.jsonl", texts)
+    write_jsonl(tmp_path / "b.jsonl", texts[:50] + texts[:10])
+    out, report = tmp_path / "out.zarr", tmp_path / "report.parquet"
+    run_pipeline("--input", tmp_path / "a.jsonl", "--input", tmp_path / "b.jsonl", "--tokenizer", "bytes",
+                 "--dedup", "exact", "--output", out, "--dedup_report", report, "--num_shards", "3", *MULTI)
+    files = sorted(report.iterdir())
+    rows = [r for f in files for r in pq.read_table(f).to_pylist()]
+    stats = zarr.open_group(str(out), mode="r").attrs["stats"]
+    assert len(rows) == stats["duplicates"] == stats["dedup_report_rows"] >= 60 and len(files) <= 3
+    removed = Counter(document_at(r["removed_file"], r["removed_offset"]) for r in rows)
+    assert removed == Counter(texts + texts[:50] + texts[:10]) - Counter(set(texts))
+    assert all(r["match"] == "exact" and r["similarity"] == 1.0 and r["removed_digest"] == r["kept_digest"]
+               and document_at(r["kept_file"], r["kept_offset"]) == document_at(r["removed_file"], r["removed_offset"])
+               for r in rows)
+    # The copy kept is at the smallest place: the first input's.
+    assert all(r["kept_file"].endswith("a.jsonl") for r in rows if r["removed_file"].endswith("b.jsonl"))
+    capsys.readouterr()
+    assert inspect(["--duplicates", "2", "--max_chars", "40", str(out)]) == 0
+    shown = capsys.readouterr().out
+    assert shown.count("(exact copy)") == 2 and rows[0]["removed_file"] in shown
+
+
+def test_a_report_file_is_created_once_and_never_replaced(tmp_path):
+    """A retried bundle writes the same bytes (found in place: fine); other bytes at the name
+    (another run's rows) are not replaced, and the job stops naming the file."""
+    import numpy as np
+    from transforms.tokenize.dedup_report import ReportConflict, ReportRows, WriteReportShard
+
+    def rows(offset):
+        d = np.array([[1, 2]], dtype=np.uint64)
+        return ReportRows(np.array(["0:a.jsonl"], dtype=object), np.array([offset], dtype=np.uint64), d,
+                          np.array(["0:a.jsonl"], dtype=object), np.array([0], dtype=np.uint64), d,
+                          np.array([False]), np.array([1.0], dtype=np.float32))
+
+    writer = WriteReportShard(str(tmp_path / "r"), "run1", 2, {"0:a.jsonl": "/data/a.jsonl"})
+    assert list(writer.process((1, rows(7)), None)) == [{"dedup_report_rows": 1}]
+    first = (tmp_path / "r" / "dedup-run1-00001-of-00002.jsonl").read_bytes()
+    assert list(writer.process((1, rows(7)), None)) == [{"dedup_report_rows": 1}]
+    assert json.loads(first)["removed_file"] == "/data/a.jsonl" and json.loads(first)["removed_offset"] == 7
+    with pytest.raises(ReportConflict, match="already holds other rows"):
+        list(writer.process((1, rows(8)), None))
+    assert (tmp_path / "r" / "dedup-run1-00001-of-00002.jsonl").read_bytes() == first

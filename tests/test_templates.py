@@ -23,8 +23,8 @@ import zarr
 from apache_beam.options.pipeline_options import FlinkRunnerOptions, PipelineOptions, StandardOptions
 
 from pipeline import template_metadata
-from pipeline.options import (DEFAULT_SHARD_MB, OPTIONS, FlatTokensOptions, OptionError, Template, check_options,
-                              unknown_options, validation_fraction)
+from pipeline.options import (DEFAULT_SHARD_MB, NEAR_OPTIONS, OPTIONS, FlatTokensOptions, OptionError, Template,
+                              check_options, unknown_options, validation_fraction)
 from tests.helpers import REPO, SAMPLE
 
 TEMPLATES = REPO / "templates"
@@ -439,7 +439,8 @@ def test_values_the_regexes_accept_are_values_the_job_accepts(name):
         base = {"input": "gs://my-bucket/x.jsonl", "output": "gs://my-bucket/o.zarr", "tokenizer": "bytes"}
         if name == "mixture":
             del base["input"]
-        extra = {"chunks_per_shard": ["--zarr_format=3"], "long_documents": ["--max_tokens=100"]}.get(name, [])
+        extra = {"chunks_per_shard": ["--zarr_format=3"], "long_documents": ["--max_tokens=100"],
+                 "dedup_report": ["--dedup=exact"], **{n: ["--dedup=near"] for n in NEAR_OPTIONS}}.get(name, [])
         argv = launcher.template_argv([*(f"--{k}={v}" for k, v in base.items() if k != name),
                                        f"--{name}={value}", *extra])
         try:

@@ -45,6 +45,9 @@ class TokenizedBatch:
     # and a batch that crosses from one stage to another (a resumed run's replayed batches
     # meet the freshly tokenized ones in a Flatten) carries the file's name, not its ids.
     ids_file: str | None = None
+    # (n,) uint16 copy_defects (capitals, whitespace anomalies), with --dedup near only: which
+    # near-copy a cluster keeps
+    defects: np.ndarray | None = None
 
     def __getstate__(self):
         state = dict(self.__dict__)
@@ -457,6 +460,8 @@ class NearDecisions:
     digests: np.ndarray  # (n, 2) uint64
     removed: np.ndarray  # bool
     splits: np.ndarray  # int8 split of the cluster (0 train, 1 validation)
+    kept: np.ndarray  # (n, 2) uint64: the digest of the text kept for each (its own, when it is kept)
+    similarity: np.ndarray  # float32: their estimated Jaccard similarity (1 when it is kept)
 
 
 for _record in (Nodes, NodePart, BandPart, Edges, NearDecisions):

@@ -7,7 +7,7 @@ failure redoes only what was not finished, and never reuses stale work (issue 20
       units/<unit key>/<place>.ids   a tokenized batch's ids: as they are locally (the shuffle's
                                      spill file too), LZ4-compressed on an object store
       units/<unit key>/<place>.batch its documents: places, lengths, empty count, digests,
-                                     MinHash signatures (--dedup near)
+                                     MinHash signatures and copy defects (--dedup near)
       units/<unit key>/unit.<n>.json the unit's account (counts, line counts, rejected lines)
                                      and the places of its n batches
       shards/<job key>/<split>.<shard>.<chunks>.rec  a shard whose owned chunks all landed: its
@@ -227,6 +227,8 @@ class StagingArea:
             arrays["digests"] = batch.digests
         if batch.signatures is not None:
             arrays["signatures"] = batch.signatures
+        if batch.defects is not None:
+            arrays["defects"] = batch.defects
         return Documents(header, arrays)
 
     def put_batch(self, unit: str, place: int, documents: Documents, ids: Sum) -> None:
@@ -333,7 +335,8 @@ class StagingArea:
         if ids.size != n:
             raise Damaged(f"staged file {base}{IDS}: holds {ids.size} ids, its documents need {n}")
         return TokenizedBatch(header["file_key"], header["split"], arrays["offsets"], arrays["lengths"], ids,
-                              header["empty"], arrays.get("digests"), arrays.get("signatures"), ids_file=ids_file)
+                              header["empty"], arrays.get("digests"), arrays.get("signatures"), ids_file=ids_file,
+                              defects=arrays.get("defects"))
 
     def read_shard(self, job_key: str, name: str) -> tuple[dict, list]:
         """A shard record, checked: (header, fragments as [((split, array, index), (start,

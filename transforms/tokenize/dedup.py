@@ -26,9 +26,12 @@ from transforms.read import mixture
 from transforms.read.inputs import input_index
 from transforms.records import SPLITS, DedupPart, DistinctBatch, TokenizedBatch, narrowest_ids
 from transforms.segments import gather_segments, groups_of
+from transforms.tokenize import dedup_report
 from transforms.tokenize.near_dedup import FindNearDuplicates
 
 COUNTS = "counts"
+REPORT = "report"  # --dedup_report: keyed ReportRows ...
+KEPT_PLACES = "kept_places"  # ... and KeptPlaces
 NEAR_DUPLICATES = "near_duplicates"  # the count of texts removed as near-copies (--dedup near)
 _AUTO = 2  # a vote that the content hash decides
 
@@ -61,13 +64,18 @@ def key_by_content(batch: TokenizedBatch, seed: int, num_shards: int):
             yield int(shard), DedupPart.of(*keys, gather_segments(batch.ids, batch.lengths, members))
 
 
-def drop_duplicates(keyed_parts, seed: int, validation_fraction: float, source_of_input: list[int] | None):
+def drop_duplicates(keyed_parts, seed: int, validation_fraction: float, source_of_input: list[int] | None,
+                    report_shards: int | None = None):
     """(shard, DedupParts) -> one DistinctBatch of the shard's distinct texts, and (tagged
     `counts`) the copies removed, in total and per source of the removed copy.
 
     With --dedup near, (shard, {parts, decisions}): the texts that FindNearDuplicates found
     to be near-copies of another are removed too (counted per source of their kept copy),
-    and each kept text of a cluster gets its cluster's split."""
+    and each kept text of a cluster gets its cluster's split.
+
+    With `report_shards` (--dedup_report: the dedup shard count), tagged `report`: the rows of
+    the removed copies (dedup_report.removal_rows) and the places of the kept texts that near
+    decisions may name, keyed by dedup shard."""
     _, grouped = keyed_parts
     decisions = None
     if isinstance(grouped, dict):
@@ -105,13 +113,27 @@ def drop_duplicates(keyed_parts, seed: int, validation_fraction: float, source_o
         sources = np.repeat(np.array([source_of_input[input_index(p.file_key)] for p in parts], dtype=np.int64),
                             sizes)
     counts = {"duplicates": int(removed.size)}
+    near = np.zeros(kept.size, dtype=bool)
     if decisions is not None:
-        near, cluster_split = _near_decided(digests[kept], decisions)
+        near, cluster_split, kept_digests, similarity = _near_decided(digests[kept], decisions)
+        if report_shards is not None:
+            keys = np.repeat(np.array([p.file_key for p in parts], dtype=object), sizes)
+            for keyed in dedup_report.kept_places(keys, offsets, digests, kept[(cluster_split >= 0) & ~near],
+                                                  seed, report_shards):
+                yield beam.pvalue.TaggedOutput(KEPT_PLACES, keyed)
         splits = np.where(cluster_split >= 0, cluster_split, splits)
         counts[NEAR_DUPLICATES] = int(np.count_nonzero(near))
         if source_of_input is not None:
             for source, n in enumerate(np.bincount(sources[kept[near]], minlength=max(source_of_input) + 1).tolist()):
                 counts[mixture.source_key(source, mixture.NEAR_DUPLICATES)] = n
+    if report_shards is not None:
+        keys = np.repeat(np.array([p.file_key for p in parts], dtype=object), sizes)
+        if decisions is None:
+            kept_digests, similarity = digests[kept], np.ones(kept.size, dtype=np.float32)
+        for keyed in dedup_report.removal_rows(keys, offsets, digests, order, starts, near, kept_digests, similarity,
+                                               seed, report_shards):
+            yield beam.pvalue.TaggedOutput(REPORT, keyed)
+    if decisions is not None:
         kept, splits = kept[~near], splits[~near]
     yield DistinctBatch(digests=digests[kept], splits=splits.astype(np.int8), sources=sources[kept],
                         lengths=lengths[kept], ids=narrowest_ids(kept_documents(parts, sizes, lengths, kept)))
@@ -121,23 +143,26 @@ def drop_duplicates(keyed_parts, seed: int, validation_fraction: float, source_o
     yield beam.pvalue.TaggedOutput(COUNTS, counts)
 
 
-def _near_decided(digests: np.ndarray, decisions) -> tuple[np.ndarray, np.ndarray]:
+def _near_decided(digests: np.ndarray, decisions) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """For distinct texts (their digests): (removed as a near-copy, the split of its cluster or -1
-    for a text that has no near-copy)."""
+    for a text that has no near-copy, the digest of the text kept for it (its own when none),
+    their estimated similarity)."""
     near = np.zeros(digests.shape[0], dtype=bool)
     split = np.full(digests.shape[0], -1, dtype=np.int8)
+    kept = digests.copy()
+    similarity = np.ones(digests.shape[0], dtype=np.float32)
     if not decisions:
-        return near, split
+        return near, split, kept, similarity
     decided = np.concatenate([d.digests for d in decisions])
-    removed = np.concatenate([d.removed for d in decisions])
-    cluster_split = np.concatenate([d.splits for d in decisions])
     # Both sides sorted by digest: the decided texts are among the shard's distinct texts.
     mine = np.lexsort((digests[:, 1], digests[:, 0]))
     theirs = np.lexsort((decided[:, 1], decided[:, 0]))
     at = mine[_locate(digests[mine], decided[theirs])]
-    near[at] = removed[theirs]
-    split[at] = cluster_split[theirs]
-    return near, split
+    near[at] = np.concatenate([d.removed for d in decisions])[theirs]
+    split[at] = np.concatenate([d.splits for d in decisions])[theirs]
+    kept[at] = np.concatenate([d.kept for d in decisions])[theirs]
+    similarity[at] = np.concatenate([d.similarity for d in decisions])[theirs]
+    return near, split, kept, similarity
 
 
 def _locate(haystack: np.ndarray, needles: np.ndarray) -> np.ndarray:
@@ -174,6 +199,7 @@ def _vote(split: str) -> int:
 class Deduplicated(NamedTuple):
     batches: beam.PCollection  # DistinctBatches
     counts: beam.PCollection  # count dicts
+    report: dict | None = None  # --dedup_report: {rows: keyed ReportRows, kept: keyed KeptPlaces}
 
 
 class DropDuplicates(beam.PTransform):
@@ -186,8 +212,10 @@ class DropDuplicates(beam.PTransform):
     --dedup exact alone."""
 
     def __init__(self, seed: int, validation_fraction: float, num_shards: int,
-                 source_of_input: list[int] | None = None, near: tuple | None = None, spill_dir: str | None = None):
+                 source_of_input: list[int] | None = None, near: tuple | None = None, spill_dir: str | None = None,
+                 report: bool = False):
         super().__init__()
+        self._report = report
         self._spill_dir = spill_dir
         self._seed = seed
         self._validation_fraction = validation_fraction
@@ -208,9 +236,11 @@ class DropDuplicates(beam.PTransform):
             counted.append(near_counts)
             grouped = {"parts": parts, "decisions": decisions} | "GroupByContent" >> beam.CoGroupByKey()
         distinct = grouped | "KeepOneCopy" >> beam.FlatMap(
-            drop_duplicates, self._seed, self._validation_fraction, self._source_of_input) \
-            .with_outputs(COUNTS, main="batches")
+            drop_duplicates, self._seed, self._validation_fraction, self._source_of_input,
+            self._num_shards if self._report else None) \
+            .with_outputs(COUNTS, REPORT, KEPT_PLACES, main="batches")
         counts = distinct[COUNTS]
         if counted:
             counts = (counts, *counted) | "DedupCounts" >> beam.Flatten()
-        return Deduplicated(distinct.batches, counts)
+        report = {"rows": distinct[REPORT], "kept": distinct[KEPT_PLACES]} if self._report else None
+        return Deduplicated(distinct.batches, counts, report)

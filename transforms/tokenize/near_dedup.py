@@ -19,10 +19,11 @@ are candidate pairs, each with each; a band shared by more than HUBS nodes pairs
 the HUBS smallest only, so candidates grow linearly with a band's members. Both nodes of a
 pair are fetched from their node tables, once per pair whichever bands found it.
 
-Verification. A pair is a near-copy when its signatures agree on at least ceil(threshold *
-m) of the m bins filled in either (minhash.agreement: the one-permutation estimate of their
-Jaccard similarity, exact for short texts up to hash collisions); an integer test, the same
-everywhere. Exact Jaccard would need both documents' shingles at the pair, a second shuffle
+Verification. A pair is a near-copy when its signatures agree on at least ceil((threshold -
+margin) * m) of the m bins filled in either (minhash.agreement: the one-permutation estimate
+of their Jaccard similarity; the margin, VERIFY_Z standard deviations of that estimate at the
+threshold, keeps the pairs just above the threshold: verification_margin); an integer test
+(the margin rounded to 6 decimals first), the same everywhere. Exact Jaccard would need both documents' shingles at the pair, a second shuffle
 of the corpus's tokens. A pair at threshold - LINK_MARGIN or more is *linked*: its texts go
 to one split, so a near-copy that the estimate put just below the threshold (and that is
 therefore kept) still cannot land across train and validation.
@@ -36,10 +37,13 @@ converged yet, and the edges at such nodes (normally none) are finished by union
 worker, whose memory is that of those edges only; the counts say how many there were.
 
 Kept texts and split. Each linked component meets whole at its smallest node's shard. Its
-near-copy pairs make clusters; each cluster keeps the text with the smallest rank (the
-earliest input on the command line or in the mixture, then the longest in tokens, then the
-smallest content digest: nothing that depends on the number of shards) and removes the
-others. The component's split is validation when any copy of any member was read from a
+texts are taken best rank first, and one is removed when it is a near-copy of a text already
+kept (keep_greedily), so every removed text names a kept text it was verified against. The
+rank (the
+earliest input on the command line or in the mixture, then the fewest capitals, then the
+fewest whitespace anomalies (copy_defects.py: the original over its all-caps or re-spaced
+variant), then the longest in tokens, then the smallest content digest: nothing that depends
+on the number of shards or the runner). The component's split is validation when any copy of any member was read from a
 validation input, else, when any copy was read from an input split by --validation_fraction,
 the seeded content hash of its first member decides (as it decides alone for a text without
 near-copies), else train.
@@ -80,6 +84,8 @@ UNCONVERGED_EDGES = "near_unconverged_edges"
 FALSE_POSITIVE_MARGIN = 0.1  # a removed text "has no near-copy" below threshold - this
 
 _LENGTH_BITS = 40
+_DEFECT_BITS = 12  # copy_defects: 4 bits of capitals, 8 of whitespace anomalies
+_INPUT_BITS = 64 - _DEFECT_BITS - _LENGTH_BITS
 _ROW_BITS = 32
 _ROW_MASK = np.uint64((1 << _ROW_BITS) - 1)
 
@@ -88,11 +94,16 @@ def vote_of(split: str) -> int:
     return {"train": TRAIN, "auto": AUTO, "validation": VALIDATION}[split]
 
 
-def rank_of(file_key: str, lengths: np.ndarray) -> np.ndarray:
-    """uint64 ranks of a batch's documents: the input index, then the longest first."""
+def rank_of(file_key: str, lengths: np.ndarray, defects: np.ndarray | None = None) -> np.ndarray:
+    """uint64 ranks of a batch's documents (the kept text of a cluster has the smallest): the
+    input index (inputs from 4,095 on rank alike), then the fewest capitals, then the fewest
+    whitespace anomalies (copy_defects), then the longest in tokens."""
     longest_first = (1 << _LENGTH_BITS) - 1 - np.minimum(lengths, (1 << _LENGTH_BITS) - 1).astype(np.uint64)
-    index = min(input_index(file_key), (1 << (64 - _LENGTH_BITS)) - 1)
-    return (np.uint64(index) << np.uint64(_LENGTH_BITS)) | longest_first
+    index = min(input_index(file_key), (1 << _INPUT_BITS) - 1)
+    rank = (np.uint64(index) << np.uint64(_DEFECT_BITS + _LENGTH_BITS)) | longest_first
+    if defects is not None:
+        rank |= (defects.astype(np.uint64) & np.uint64((1 << _DEFECT_BITS) - 1)) << np.uint64(_LENGTH_BITS)
+    return rank
 
 
 def shard_of_node(ids: np.ndarray) -> np.ndarray:
@@ -137,7 +148,8 @@ class KeyNodes(WritesBehindWithSpillDir, beam.DoFn):
         if signed.size == 0:
             return
         digests, signatures = batch.digests[signed], batch.signatures[signed]
-        ranks = rank_of(batch.file_key, batch.lengths[signed])
+        ranks = rank_of(batch.file_key, batch.lengths[signed],
+                        None if batch.defects is None else batch.defects[signed])
         votes = np.full(signed.size, vote_of(batch.split), dtype=np.int8)
         path = None
         if self._writer:
@@ -279,7 +291,8 @@ def verify_pairs(keyed_halves, threshold: float):
     first, second = nodes.take(a_half), nodes.take(b_half)
     a, b = a[a_half], b[a_half]
     same, filled = minhash.agreement(first.signatures, second.signatures)
-    near = same >= needed_agreement(threshold, filled)
+    near = same >= needed_agreement(threshold - verification_margin(threshold, filled, first.signatures.shape[1]),
+                                    filled)
     linked = same >= needed_agreement(max(threshold - LINK_MARGIN, 0.0), filled)
     yield from _keyed_by_node(a[linked], b[linked])
     yield from _keyed_by_node(b[linked], a[linked])
@@ -294,7 +307,25 @@ def verify_pairs(keyed_halves, threshold: float):
                                             LINKED_PAIRS: int(np.count_nonzero(linked))})
 
 
-def needed_agreement(threshold: float, filled: np.ndarray) -> np.ndarray:
+VERIFY_Z = 2.0  # standard deviations of the estimate below the threshold that a near-copy may lie
+
+
+def verification_margin(threshold: float, filled: np.ndarray, k: int) -> np.ndarray:
+    """How far below the threshold a pair's estimate may be and the pair still be a near-copy:
+    VERIFY_Z standard deviations of the estimate for a pair at the threshold, so that pairs
+    just above it are not lost to the estimate's noise (without it, recall was 0.85-0.95 for
+    pairs of Jaccard 0.80-0.85). The estimate samples `filled` bins of the union's s
+    shingles without replacement: sd = sqrt(t (1 - t) / m * (1 - m / s)), s estimated from
+    the m filled of k bins (s = -k ln(1 - m / k); all filled: s is large, no correction).
+    Measured on the sample's planted pairs (docs/dedup.md): recall 0.995-1.0 for Jaccard
+    0.80-0.85, and 0-0.4% of pairs of Jaccard 0.6-0.7 taken."""
+    m = np.maximum(np.asarray(filled, dtype=np.float64), 1)
+    s = np.where(m >= k, np.inf, -k * np.log1p(-np.minimum(m, k - 0.5) / k))
+    margin = VERIFY_Z * np.sqrt(threshold * (1 - threshold) / m * np.maximum(0.0, 1 - m / s))
+    return np.round(margin, 6)  # a last-bit difference of another libm cannot move a pair
+
+
+def needed_agreement(threshold, filled: np.ndarray) -> np.ndarray:
     """Bins two signatures must share, of the `filled` bins of either, for an estimated
     similarity of at least `threshold`: ceil(threshold * filled), at least 1, rounded so that
     a threshold given in decimal is not pushed up by its binary rounding."""
@@ -455,9 +486,9 @@ def label_nodes(keyed):
 
 def choose_kept(keyed, threshold: float, seed: int, validation_fraction: float):
     """(root shard, {members: the nodes of the linked components rooted there, near: their
-    near-copy pairs}) -> (dedup shard, NearDecisions) for every member: in each cluster of
-    near-copies (a component of the pairs) all but the kept text are removed; every member of
-    a linked component gets its split. Tagged `counts`: clusters, their members, expected
+    near-copy pairs}) -> (dedup shard, NearDecisions) for every member: the texts that are
+    near-copies of a better-ranked kept text are removed (keep_greedily), each naming that
+    text and their estimated similarity; every member of a linked component gets its split. Tagged `counts`: clusters, their members, expected
     false positives."""
     _, grouped = keyed
     parts = list(grouped["members"])
@@ -465,16 +496,9 @@ def choose_kept(keyed, threshold: float, seed: int, validation_fraction: float):
         return
     roots = np.concatenate([p.a for p in parts])
     members = Nodes.concatenate([p.nodes for p in parts])
-    # Clusters of near-copies: components of the near-copy pairs, inside the linked components.
-    cluster = members.ids.copy()
-    pairs = list(grouped[NEAR])
-    if pairs:
-        nodes, smallest = components(*_edges_of(pairs))
-        by_id = np.argsort(members.ids)
-        cluster[by_id[np.searchsorted(members.ids[by_id], nodes)]] = smallest
-    # Linked components sorted by root, each one's members by rank; clusters likewise.
+    # Linked components sorted by root, each one's members by rank.
     order = np.lexsort((members.digests[:, 1], members.digests[:, 0], members.ranks, roots))
-    roots, members, cluster = roots[order], members.take(order), cluster[order]
+    roots, members = roots[order], members.take(order)
     starts = _run_starts(roots)
     sizes = np.diff(np.append(starts, roots.size))
     votes = np.maximum.reduceat(members.votes, starts)
@@ -484,20 +508,47 @@ def choose_kept(keyed, threshold: float, seed: int, validation_fraction: float):
         split_hashes = hashing.content_hashes(hashing.content_salt(seed, hashing.SPLIT),
                                               members.digests[starts][auto])
         splits[auto] = hashing.below_fraction(split_hashes, validation_fraction)
-    by_cluster = np.lexsort((members.digests[:, 1], members.digests[:, 0], members.ranks, cluster))
-    first_in_cluster = by_cluster[_run_starts(cluster[by_cluster])]
-    removed = np.ones(roots.size, dtype=bool)
-    removed[first_in_cluster] = False
-    kept_of = np.empty(roots.size, dtype=np.int64)  # the kept text of each member's cluster
-    cluster_sizes = np.diff(np.append(_run_starts(cluster[by_cluster]), roots.size))
-    kept_of[by_cluster] = np.repeat(first_in_cluster, cluster_sizes)
+    pairs = list(grouped[NEAR])
+    kept_of = keep_greedily(members, *(_edges_of(pairs) if pairs else (np.empty(0, np.uint64),) * 2))
+    removed = kept_of != np.arange(kept_of.size)
     cluster_split = np.repeat(splits, sizes)
+    same, filled = minhash.agreement(members.signatures, members.signatures[kept_of])
+    similarity = (same / np.maximum(filled, 1)).astype(np.float32)
     for shard, chosen in groups_of(shard_of_node(members.ids)):
-        yield int(shard), NearDecisions(members.digests[chosen], removed[chosen], cluster_split[chosen])
-    same, filled = minhash.agreement(members.signatures[removed], members.signatures[kept_of[removed]])
-    clusters = int(np.count_nonzero(cluster_sizes > 1))
+        yield int(shard), NearDecisions(members.digests[chosen], removed[chosen], cluster_split[chosen],
+                                        members.digests[kept_of[chosen]], similarity[chosen])
+    same, filled = same[removed], filled[removed]
+    clusters = int(np.unique(kept_of[removed]).size)
     yield beam.pvalue.TaggedOutput(COUNTS, {CLUSTERS: clusters, CLUSTERED: int(np.count_nonzero(removed)) + clusters,
                                             FALSE_POSITIVES_MICRO: expected_false_positives(same, filled, threshold)})
+
+
+def keep_greedily(members: Nodes, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """For each of `members` (sorted by rank), the index of the member kept for it: itself when
+    it is kept. Members are taken best rank first; one is removed when it is a near-copy (a
+    pair (a, b)) of a member already kept, and matched to the best-ranked such member; else it
+    is kept. So every removed text is a verified near-copy of the kept text it names (merging
+    whole components of the pairs instead removed the far end of chains: A ~ B ~ C with A and
+    C at Jaccard 0.64), and the choice is the same on any runner and shard count."""
+    kept_of = np.arange(members.ids.size)
+    if a.size == 0:
+        return kept_of
+    by_id = np.argsort(members.ids)
+    ends = by_id[np.searchsorted(members.ids[by_id], np.concatenate([a, b]))]  # positions = rank order
+    first, second = ends[:a.size], ends[a.size:]
+    better, worse = np.minimum(first, second), np.maximum(first, second)
+    order = np.lexsort((better, worse))  # each worse member's better partners, best first
+    better, worse = better[order], worse[order]
+    starts = _run_starts(worse)
+    stops = np.append(starts[1:], worse.size)
+    kept = np.ones(kept_of.size, dtype=bool)
+    for member, lo, hi in zip(worse[starts].tolist(), starts.tolist(), stops.tolist()):
+        partners = better[lo:hi]
+        taken = np.flatnonzero(kept[partners])
+        if taken.size:
+            kept[member] = False
+            kept_of[member] = partners[taken[0]]
+    return kept_of
 
 
 def expected_false_positives(same: np.ndarray, filled: np.ndarray, threshold: float) -> int:

@@ -21,6 +21,7 @@ from transforms.progress import ProgressFile, show_document_lengths
 from transforms.read.inputs import PARQUET, absolute, format_of
 from transforms.records import DocumentBatch, TokenizedBatch, narrowest_ids
 from transforms.tokenize import backends, minhash
+from transforms.tokenize.copy_defects import copy_defects
 from transforms.tokenize.dedup import content_digests, digests_of
 from transforms.write_behind import WriteBehind
 
@@ -216,11 +217,12 @@ def tokenize_batch(batch: DocumentBatch, encoder, info: TokenizerInfo, reference
     check_id_limit(top, info.spec)
     kept = lengths > 0
     ids = narrowest_ids(ids, top)
-    signatures = None
-    if near is not None:  # each kept text encoded once, for its digest and its words
+    signatures = defects = None
+    if near is not None:  # each kept text encoded once, for its digest, its words and its defects
         encoded = [t.encode("utf-8") for t, k in zip(batch.texts, kept.tolist()) if k]
         document_digests = digests_of(encoded)
         signatures = minhash.batch_signatures(near, encoded, ids, lengths[kept])
+        defects = copy_defects(encoded)
     elif digests:
         document_digests = content_digests([t for t, k in zip(batch.texts, kept.tolist()) if k])
     else:
@@ -234,6 +236,7 @@ def tokenize_batch(batch: DocumentBatch, encoder, info: TokenizerInfo, reference
         empty=int(np.count_nonzero(~kept)),
         digests=document_digests,
         signatures=signatures,
+        defects=defects,
     )
 
 

@@ -5,6 +5,7 @@ from collections import Counter
 import apache_beam as beam
 
 from transforms.read import mixture as mix
+from transforms.tokenize.dedup_report import REPORT_ROWS, check_report_rows
 from transforms.tokenize.lengths import EXTRA_SEQUENCES, LENGTH_COUNTS, TOO_SHORT
 from transforms.write import layout as plan
 from transforms.write import zarr_store as store
@@ -124,6 +125,8 @@ class CommitFn(beam.DoFn):
     def commit(self, chunks_written: dict, layout, counts) -> dict:
         stats = dataset_stats(counts, layout)
         check_accounts(stats, chunks_written, self._target, counts, self._mixture)
+        if "dedup_report" in self._provenance:  # its rows are exactly the removed documents
+            stats[REPORT_ROWS] = check_report_rows(stats, counts)
         root = {"format": "flat-tokens", "complete": True, "stats": stats, **self._provenance,
                 "storage": self._target.describe()}
         if self._mixture is not None:
