@@ -86,3 +86,42 @@ def test_overwrite_leaves_a_user_s_files_named_like_ours(tmp_path):
     run_pipeline("--input", src, *BYTES, "--output", out, "--overwrite", "--seed", "1")
     assert zarr.open_group(str(out), mode="r").attrs["run_id"] != before
     assert json.loads(next(out.glob(".flat-tokens-run.*")).read_text())["run_id"] != before
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs named exactly are read exactly
+
+
+def glob_named_files(directory):
+    """`data[1].jsonl` beside `data1.jsonl`, the file its name matches as a glob."""
+    write_jsonl(directory / "data[1].jsonl", documents("bracketed", 30))
+    write_jsonl(directory / "data1.jsonl", documents("plain", 70))
+    write_jsonl(directory / "what?.jsonl", documents("questioned", 20))
+    write_jsonl(directory / "whatX.jsonl", documents("x", 40))
+    return directory
+
+
+def test_an_existing_file_whose_name_holds_glob_characters_is_read_by_its_exact_name(tmp_path):
+    """`--input 'n2/data[1].jsonl'` read n2/data1.jsonl (exit 0, the provenance said
+    data[1].jsonl)."""
+    data = glob_named_files(tmp_path / "n2")
+    for name, expected in (("data[1].jsonl", 30), ("what?.jsonl", 20)):
+        out = tmp_path / "o.zarr"
+        run_pipeline("--input", data / name, *BYTES, "--output", out, "--overwrite")
+        root = zarr.open_group(str(out), mode="r").attrs
+        assert (root["stats"]["documents"], root["input_files"]) == (expected, 1), name
+        assert root["inputs"] == [str(data / name)]
+    # A pattern that names no existing file is a glob, as before.
+    run_pipeline("--input", data / "data[0-9].jsonl", *BYTES, "--output", tmp_path / "g.zarr")
+    assert stats(tmp_path / "g.zarr")["documents"] == 70
+
+
+@pytest.mark.slow
+def test_an_existing_gs_object_whose_name_holds_glob_characters_is_read_by_its_exact_name(gcs, tmp_path):  # noqa: F811
+    data = glob_named_files(tmp_path / "n2")
+    gcs.fs.put(str(data) + "/", f"{BUCKET}/glob-names/", recursive=True)
+    # (Not `what?.jsonl`: gcsfs reads a "?" in a gs:// URL as the start of a query.)
+    for name, expected in (("data[1].jsonl", 30), ("data[0-9].jsonl", 70)):
+        proc = run_pipeline("--input", f"gs://{BUCKET}/glob-names/{name}", *BYTES, "--output",
+                            f"gs://{BUCKET}/glob-names-out.zarr", "--overwrite", env=gcs.env, timeout=300)
+        assert f"{expected} documents" in proc.stdout, (name, proc.stdout, proc.stderr)

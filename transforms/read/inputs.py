@@ -292,11 +292,19 @@ def _own_outputs(names: list[str], root: str) -> list[str]:
     return sorted(found)
 
 
+def is_glob(path: str, exists) -> bool:
+    """Whether an input pattern is expanded as a glob: it holds a glob character and names no
+    existing path (`exists(path)`). A file (or directory) that exists is read by its exact
+    name, `data[1].jsonl` included: as a glob that would read `data1.jsonl` instead."""
+    return any(c in path for c in GLOB_CHARS) and not exists(path)
+
+
 def _list_objects(fs, path: str, where: str) -> tuple[str, list[_Entry], list[str], list[str]]:
     """(root, files, skipped, own) on an object store (or any fsspec filesystem but the local
     one), from the listing's own details: no request per file. `own`: this tool's outputs
     and rejected-lines reports, left out."""
-    if any(c in path for c in GLOB_CHARS):
+    glob = is_glob(path, fs.exists)
+    if glob:
         root, found, directory = glob_root(path), fs.glob(path, detail=True), False
     elif fs.isdir(path):
         root, found, directory = path.rstrip("/"), fs.find(path, detail=True), True
@@ -305,7 +313,7 @@ def _list_objects(fs, path: str, where: str) -> tuple[str, list[_Entry], list[st
     else:
         raise InputError(f"{where}: no such file; check the path")
     entries, skipped = [], []
-    named = not directory and not any(c in path for c in GLOB_CHARS)
+    named = not directory and not glob
     outputs = [] if named else _own_outputs(list(found), root)
     own = list(outputs)
     for name, info in sorted(found.items()):
@@ -329,7 +337,7 @@ def _list_objects(fs, path: str, where: str) -> tuple[str, list[_Entry], list[st
 def _list_local(path: str, where: str) -> tuple[str, list[_Entry], list[str], list[str]]:
     """(root, files, skipped, own) on the local filesystem, walked here rather than by fsspec:
     fsspec's walk leaves out a subdirectory it cannot list, without a word."""
-    if any(c in path for c in GLOB_CHARS):
+    if is_glob(path, os.path.lexists):
         root = glob_root(path)
         entries, _, own = _walk_local(root, where, pattern=path)
         return root, entries, [], own
