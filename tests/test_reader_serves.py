@@ -153,3 +153,13 @@ def test_an_unedited_dataset_reads_as_before(copy_of):
     assert all(np.array_equal(split.sequence(i), sequences[i]) for i in range(0, len(split), 37))
     assert (split.sequence_lengths() > 0).all()
     assert sum(t.size for _, t in split.packed_batches(64, 4, epochs=1)) == split.num_windows(64) * 64
+
+
+def test_bench_served_checks_smoke(builds):
+    """benchmarks/bench_served_checks.py times the checks inside both reading loops."""
+    proc = subprocess.run([sys.executable, "benchmarks/bench_served_checks.py", "--dataset", str(builds["a"]),
+                           "--rounds", "1", "--length", "64", "--batch", "4"], cwd=REPO, capture_output=True,
+                          text=True, timeout=TIMEOUT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [line.split() for line in proc.stdout.splitlines() if line.lstrip().startswith(("for ids", "packed_batches"))]
+    assert len(rows) == 2 and all(row[-1].endswith("%") and int(row[-2]) > 0 for row in rows), proc.stdout
