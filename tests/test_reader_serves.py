@@ -163,3 +163,31 @@ def test_bench_served_checks_smoke(builds):
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = [line.split() for line in proc.stdout.splitlines() if line.lstrip().startswith(("for ids", "packed_batches"))]
     assert len(rows) == 2 and all(row[-1].endswith("%") and int(row[-2]) > 0 for row in rows), proc.stdout
+
+
+def test_the_checks_name_an_empty_sequence_an_overlap_and_a_break_between_reads():
+    """SplitChecks on arrays as a foreign or edited seq_starts chunk would give them."""
+    from pipeline.served_checks import SplitChecks
+    checks = SplitChecks("ds.zarr", "train", num_tokens=100, num_sequences=5, max_token_id=9, tokens_chunk=8,
+                         starts_chunk=4)
+    checks.starts(np.array([0, 10, 20, 30], np.uint64), 0)
+    checks.starts(np.array([40, 100], np.uint64), 4, previous=30)
+    cases = {
+        r"seq_starts\[2\] \(chunk 0\) is 10, not greater than seq_starts\[1\] = 10 \(an empty sequence\)":
+            lambda: checks.starts(np.array([0, 10, 10, 30], np.uint64), 0),
+        r"seq_starts\[3\] \(chunk 0\) is 5, not greater than seq_starts\[2\] = 20 \(overlapping sequences\)":
+            lambda: checks.starts(np.array([10, 20, 5], np.uint64), 1),
+        r"seq_starts\[4\] \(chunk 1\) is 25, not greater than seq_starts\[3\] = 30":
+            lambda: checks.starts(np.array([25, 100], np.uint64), 4, previous=30),
+        r"seq_starts\[5\] \(chunk 1\) is 90, but encoded_tokens has 100 tokens":
+            lambda: checks.starts(np.array([40, 90], np.uint64), 4),
+        r"seq_starts\[0\] \(chunk 0\) is 3, not 0": lambda: checks.starts(np.array([3, 10], np.uint64), 0),
+        r"encoded_tokens\[13\] \(chunk 1\) holds token id 10, above the split's max_token_id 9":
+            lambda: checks.tokens(np.array([19, 18, 21, 20], np.uint32), 11),
+        r"seq_starts\[3\] \(chunk 0\) = 12 points at a token without the start bit":
+            lambda: checks.sequences_begin(np.array([3, 4, 6, 6], np.uint32), np.array([0, 2]), 2, 10),
+    }
+    for message, check in cases.items():
+        with pytest.raises(InconsistentData, match=message):
+            check()
+    checks.tokens(np.array([19, 18, 2, 0], np.uint32), 0)  # id 9, the maximum, passes
