@@ -122,6 +122,19 @@ def test_a_seq_starts_chunk_from_another_build_raises(copy_of):
         list(split.iter_encoded(20, 60))
 
 
+def test_export_and_inspect_of_a_seq_starts_chunk_from_another_build_fail_naming_it(copy_of, tmp_path):
+    dataset, other = copy_of("a"), copy_of("seed 1")
+    shutil.copyfile(other / "train" / "seq_starts" / "2", dataset / "train" / "seq_starts" / "2")
+    exported = subprocess.run([sys.executable, "-m", "pipeline.export", "--format", "megatron", str(dataset),
+                               str(tmp_path / "mega" / "out"), "--part_tokens", "4096"], cwd=REPO,
+                              capture_output=True, text=True, timeout=TIMEOUT)
+    assert exported.returncode in (1, 2) and "train/seq_starts[32] (chunk 2)" in exported.stderr.splitlines()[-1], \
+        exported.stderr[-3000:]
+    inspected = subprocess.run([sys.executable, "-m", "pipeline.inspect", str(dataset)], cwd=REPO,
+                               capture_output=True, text=True, timeout=TIMEOUT)
+    assert inspected.returncode == 2 and "train/seq_starts[32]" in inspected.stderr, inspected.stderr[-2000:]
+
+
 def test_an_id_above_max_token_id_raises(copy_of):
     dataset = copy_of("a")
     split = FlatTokensSplit(str(dataset))
