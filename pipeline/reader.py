@@ -18,7 +18,11 @@ Only a committed dataset opens (root attributes ``format == "flat-tokens"`` and
 data or another dataset's data (pipeline/read_guard.py): a missing chunk raises
 MissingChunk, a chunk that does not match the checksum it carries (or cannot be decoded)
 raises CorruptChunk naming it, and a dataset deleted or replaced after it was opened raises
-DatasetReplaced at the next read. Opening reads metadata only;
+DatasetReplaced at the next read. Nor do they serve arrays that disagree with each other: a
+shape that does not match seq_starts' end, a seq_starts read that does not increase or whose
+boundaries carry no start bit, an id above max_token_id raise InconsistentData naming the
+array and index (pipeline/served_checks.py). Opening reads metadata (and seq_starts' first
+and last entries) only;
 every access reads exactly the slices it needs, so memory stays bounded whatever the size of
 the dataset, and random access is O(1) in it. Nothing is cached: a FlatTokensSplit holds no
 mutable state after construction, so one instance may be shared by reader threads (each
