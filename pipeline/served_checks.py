@@ -109,11 +109,10 @@ class SplitChecks:
                         first_token: int) -> None:
         """Sequences first_sequence... start at `offsets` of `encoded` (encoded_tokens from
         first_token): the token at each start carries the start bit."""
-        if offsets.size == 0:
+        marked = encoded[offsets] & np.uint32(1)
+        if marked.all():  # the common case: one gather, one AND, one test
             return
-        unmarked = (encoded[offsets] & np.uint32(1)) == 0
-        if unmarked.any():
-            k = int(np.argmax(unmarked))
-            raise self._fail(SEQ_STARTS, first_sequence + k, self.starts_chunk,
-                             f"= {first_token + int(offsets[k])} points at a token without the start bit: not a "
-                             f"sequence start of this split")
+        k = int(np.argmin(marked))
+        raise self._fail(SEQ_STARTS, first_sequence + k, self.starts_chunk,
+                         f"= {first_token + int(offsets[k])} points at a token without the start bit: not a "
+                         f"sequence start of this split")
