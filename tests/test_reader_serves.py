@@ -78,7 +78,7 @@ def test_a_token_shape_smaller_than_seq_starts_end_raises_instead_of_looping(cop
     ends_at = int(zarr.open_group(str(dataset), mode="r")["train"]["seq_starts"][-1])
     set_token_count(dataset, lambda n: n - 100)
     found = python(EVERY_SEQUENCE, dataset).stdout.strip()
-    assert found.startswith("InconsistentData") and f"train/seq_starts[" in found and str(ends_at) in found, found
+    assert found.startswith("InconsistentData") and "train/seq_starts[" in found and str(ends_at) in found, found
     assert f"encoded_tokens has {ends_at - 100} tokens" in found
     exported = subprocess.run([sys.executable, "-m", "pipeline.export", "--format", "megatron", str(dataset),
                                str(tmp_path / "mega" / "out")], cwd=REPO, capture_output=True, text=True,
@@ -148,8 +148,8 @@ def test_an_id_above_max_token_id_raises(copy_of):
     split = FlatTokensSplit(str(dataset))
     expected = rf"train/encoded_tokens\[{first}\] \(chunk {first // CHUNK}\) holds token id {ids[first]}, above the " \
                rf"split's max_token_id {lowered}"
-    for read in (lambda: list(split), lambda: split.packed(first // 64, 64), lambda: split.packed_batch([first // 64], 64),
-                 lambda: list(split.packed_batches(64, 4, epochs=1)),
+    for read in (lambda: list(split), lambda: split.packed(first // 64, 64),
+                 lambda: split.packed_batch([first // 64], 64), lambda: list(split.packed_batches(64, 4, epochs=1)),
                  lambda: next(Blend([split, split], weights=[1, 1]).packed_batches(64, 4))):
         with pytest.raises(InconsistentData, match=r"train/encoded_tokens\[\d+\].* above the split's max_token_id"):
             read()
@@ -174,7 +174,8 @@ def test_bench_served_checks_smoke(builds):
                            "--rounds", "1", "--length", "64", "--batch", "4"], cwd=REPO, capture_output=True,
                           text=True, timeout=TIMEOUT)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    rows = [line.split() for line in proc.stdout.splitlines() if line.lstrip().startswith(("for ids", "packed_batches"))]
+    rows = [line.split() for line in proc.stdout.splitlines()
+            if line.lstrip().startswith(("for ids", "packed_batches"))]
     assert len(rows) == 2 and all(row[-1].endswith("%") and int(row[-2]) > 0 for row in rows), proc.stdout
 
 
