@@ -4,6 +4,7 @@ matching the checksum it carries. The reader, `for ids in split`, Blend, inspect
 raise a DatasetError naming the array and the index at fault: never zeros, never an endless
 loop (pipeline/served_checks.py)."""
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import zarr
 from pipeline import reader
 from pipeline.blend import Blend
 from pipeline.reader import DatasetError, FlatTokensSplit, InconsistentData
+from tests.gcs_emulator import BUCKET, gcs  # noqa: F401 - pytest fixture
 from tests.helpers import REPO, run_pipeline
 
 CHUNK = 4096
@@ -55,9 +57,9 @@ def set_token_count(dataset, count_of):
     return meta["shape"][0]
 
 
-def python(code: str, *args) -> subprocess.CompletedProcess:
+def python(code: str, *args, env=None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code, *map(str, args)], cwd=REPO, capture_output=True, text=True,
-                          timeout=TIMEOUT)
+                          timeout=TIMEOUT, env=env)
 
 
 EVERY_SEQUENCE = """
@@ -87,6 +89,17 @@ def test_a_token_shape_smaller_than_seq_starts_end_raises_instead_of_looping(cop
     inspected = subprocess.run([sys.executable, "-m", "pipeline.inspect", str(dataset)], cwd=REPO,
                                capture_output=True, text=True, timeout=TIMEOUT)
     assert inspected.returncode == 2 and "train/seq_starts[" in inspected.stderr, inspected.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_on_gcs_a_token_shape_smaller_than_seq_starts_end_raises_instead_of_looping(copy_of, gcs):  # noqa: F811
+    dataset = copy_of("a")
+    ends_at = int(zarr.open_group(str(dataset), mode="r")["train"]["seq_starts"][-1])
+    set_token_count(dataset, lambda n: n - 100)
+    gcs.fs.put(str(dataset) + "/", f"{BUCKET}/serves-smaller.zarr/", recursive=True)
+    found = python(EVERY_SEQUENCE, f"gs://{BUCKET}/serves-smaller.zarr", env={**os.environ, **gcs.env})
+    assert found.stdout.startswith("InconsistentData") and f"encoded_tokens has {ends_at - 100} tokens" in found.stdout, \
+        found.stdout + found.stderr[-2000:]
 
 
 @pytest.mark.parametrize("build", ["a", "zarr 3"])
