@@ -98,8 +98,8 @@ def test_on_gcs_a_token_shape_smaller_than_seq_starts_end_raises_instead_of_loop
     set_token_count(dataset, lambda n: n - 100)
     gcs.fs.put(str(dataset) + "/", f"{BUCKET}/serves-smaller.zarr/", recursive=True)
     found = python(EVERY_SEQUENCE, f"gs://{BUCKET}/serves-smaller.zarr", env={**os.environ, **gcs.env})
-    assert found.stdout.startswith("InconsistentData") and f"encoded_tokens has {ends_at - 100} tokens" in found.stdout, \
-        found.stdout + found.stderr[-2000:]
+    said = found.stdout + found.stderr[-2000:]
+    assert found.stdout.startswith("InconsistentData") and f"encoded_tokens has {ends_at - 100} tokens" in said, said
 
 
 @pytest.mark.parametrize("build", ["a", "zarr 3"])
