@@ -264,8 +264,11 @@ def plan_export(args) -> tuple[dict, list[Part], np.dtype]:
         raise ExportError(str(e)) from None
     args.eod, args.eod_note = end_of_document(args.append_eod, splits)
     top = max([s.max_token_id for s in splits.values()] + [args.eod or 0])
-    parts = [p for name in SPLITS
-             for p in plan_parts(splits[name], args.prefix, args.part_tokens, args.eod is not None)]
+    try:  # planning reads seq_starts: a split whose arrays disagree is found here (served_checks)
+        parts = [p for name in SPLITS
+                 for p in plan_parts(splits[name], args.prefix, args.part_tokens, args.eod is not None)]
+    except DatasetError as e:
+        raise ExportError(str(e)) from None
     fs, _ = url_to_fs(args.prefix, **so)
     earlier = read_manifest(args.prefix, so)
     ours = set(earlier or ())

@@ -287,8 +287,8 @@ OPTIONS: tuple[Option, ...] = (
     Option(name="local_parallelism", group="limits and tuning", default="auto",
            help="worker processes of the in-process runner (no --runner given): auto (from the cores and the "
                 "input's size: one process on one core or below 1 GiB of input, else one per core), or a number (1: one "
-                "process, which uses threads); Beam's --direct_running_mode and --direct_num_workers win when given; "
-                "the output is the same whatever it is",
+                "process, which uses threads), at most 4 per core (more is refused, exit 2); Beam's "
+                "--direct_running_mode and --direct_num_workers win when given; the output is the same whatever it is",
            template="the in-process runner's only; on Dataflow the workers are --num_workers and --max_num_workers"),
     # reporting
     Option(name="summary_json", group="reporting",

@@ -22,7 +22,8 @@ size of the input, as HF datasets' `num_proc` or datatrove's `workers` are picke
 win when given (`--direct_running_mode`, `--direct_num_workers`): `multi_threading` is
 reachable that way. Other runners decide their own parallelism (Dataflow's --num_workers,
 Flink's --parallelism): there `--local_parallelism N` is refused, since it would change
-nothing. The output is the same bytes whatever the parallelism (tests/test_parallelism.py).
+nothing. More than MAX_WORKERS_PER_CORE worker processes per core are refused too. The
+output is the same bytes whatever the parallelism (tests/test_parallelism.py).
 """
 from dataclasses import asdict, dataclass
 
@@ -37,6 +38,12 @@ IN_MEMORY, MULTI_PROCESSING, MULTI_THREADING = "in_memory", "multi_processing", 
 MULTI_PROCESS_MIN_CORES = 2
 MULTI_PROCESS_MIN_BYTES = 1 << 30
 BEAM_OPTIONS = ("--direct_running_mode", "--direct_num_workers")
+# `--local_parallelism N` above this many worker processes per core is refused: each worker is
+# a whole pipeline (its reads, tokenizer, shuffle buffers and writer threads), so more of them
+# than cores only adds memory and contention; 1000 on 2 cores forked 1000 processes that read
+# nothing for minutes and died. A few per core still leaves room for workers that wait on
+# object-store reads.
+MAX_WORKERS_PER_CORE = 4
 
 
 @dataclass(frozen=True)
@@ -78,6 +85,17 @@ def auto_workers(available: int, input_bytes: int, read_units: int) -> tuple[int
     return workers, why
 
 
+def check_requested(requested: int, available: int) -> None:
+    """Refuses `--local_parallelism N` above MAX_WORKERS_PER_CORE worker processes per core
+    (OptionError: exit 2, before any process is started)."""
+    limit = MAX_WORKERS_PER_CORE * available
+    if requested > limit:
+        raise OptionError(f"--local_parallelism {requested}: more than {MAX_WORKERS_PER_CORE} worker processes per "
+                          f"core ({available} core{'s' if available != 1 else ''} here: at most {limit}); each "
+                          f"worker is a whole pipeline, so more only add memory and contention. Use auto, or at "
+                          f"most {limit}")
+
+
 def choose(requested: str | int, argv: list[str], options: PipelineOptions, in_process: bool, input_bytes: int,
            read_units: int) -> Parallelism:
     """The run's parallelism; sets Beam's options for it on the in-process runner. Raises
@@ -100,6 +118,7 @@ def choose(requested: str | int, argv: list[str], options: PipelineOptions, in_p
         workers, why = auto_workers(available, input_bytes, read_units)
         chosen_by = "auto"
     else:
+        check_requested(requested, available)
         workers, why, chosen_by = requested, "", "--local_parallelism"
     mode = MULTI_PROCESSING if workers > 1 else IN_MEMORY
     direct.direct_running_mode = mode

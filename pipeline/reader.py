@@ -18,7 +18,11 @@ Only a committed dataset opens (root attributes ``format == "flat-tokens"`` and
 data or another dataset's data (pipeline/read_guard.py): a missing chunk raises
 MissingChunk, a chunk that does not match the checksum it carries (or cannot be decoded)
 raises CorruptChunk naming it, and a dataset deleted or replaced after it was opened raises
-DatasetReplaced at the next read. Opening reads metadata only;
+DatasetReplaced at the next read. Nor do they serve arrays that disagree with each other: a
+shape that does not match seq_starts' end, a seq_starts read that does not increase or whose
+boundaries carry no start bit, an id above max_token_id raise InconsistentData naming the
+array and index (pipeline/served_checks.py). Opening reads metadata (and seq_starts' first
+and last entries) only;
 every access reads exactly the slices it needs, so memory stays bounded whatever the size of
 the dataset, and random access is O(1) in it. Nothing is cached: a FlatTokensSplit holds no
 mutable state after construction, so one instance may be shared by reader threads (each
@@ -60,8 +64,9 @@ from typing import NamedTuple
 import numpy as np
 import zarr
 
-from pipeline import read_guard, verify
+from pipeline import read_guard, served_checks, verify
 from pipeline.read_guard import CorruptChunk, DatasetError, DatasetReplaced, MissingChunk, RunGuard  # noqa: F401 (API)
+from pipeline.served_checks import InconsistentData  # noqa: F401 (API)
 from transforms.write import chunk_checksums
 
 SPLITS = ("train", "validation")
@@ -357,6 +362,20 @@ class FlatTokensSplit:
                 read_guard.check_chunks(arr, arr.path, self.chunk_checksums)
         names = self.attrs.get("sources")
         self.source_names: list[str] | None = list(names) if self._sources is not None and names else None
+        self._checks = self._check_ends()
+
+    def _check_ends(self) -> served_checks.SplitChecks:
+        """The checks of what this split serves (pipeline/served_checks.py), after the first
+        one: seq_starts begins at 0 and ends at the token count, so the arrays' shapes agree
+        with the data (a shape edited larger would serve zeros, smaller would never end)."""
+        checks = served_checks.SplitChecks(self.url, self.split, self.num_tokens, self.num_sequences,
+                                           self.max_token_id, int(self._tokens.chunks[0]), int(self._starts.chunks[0]))
+        n = self.num_sequences
+        if n == 0:  # seq_starts == [0]: zarr stores no chunk that holds the fill value alone
+            checks.ends(0, 0)
+        else:
+            checks.ends(int(read_guard.read(self._starts, 0, 1)[0]), int(read_guard.read(self._starts, n, n + 1)[0]))
+        return checks
 
     # -- pickling: by URL, so workers reopen the store themselves -------------------------------
     def __getstate__(self):
@@ -377,6 +396,10 @@ class FlatTokensSplit:
         """arr[lo:hi]: a missing chunk raises MissingChunk (read_guard), and with `check` the run
         is confirmed after the read, so the values are the opened run's or an error is raised."""
         values = read_guard.read(arr, lo, hi)
+        if arr is self._tokens:  # what is served is checked as it is read (served_checks)
+            self._checks.tokens(values, lo)
+        elif arr is self._starts:
+            self._checks.starts(values, lo)
         if check:
             self._guard.check()
         return values
@@ -429,7 +452,10 @@ class FlatTokensSplit:
         lo = start
         while lo <= stop:  # seq_starts[start:stop + 1], one aligned read at a time
             hi = min(stop + 1, (lo // s_unit + 1) * s_unit)
-            bounds = np.concatenate([np.array(carry, np.int64), self._read(self._starts, lo, hi).astype(np.int64)])
+            read = self._read(self._starts, lo, hi)
+            self._checks.starts(read[:1], lo, carry[0] if carry else None)  # continues the last read
+            bounds = np.concatenate([np.array(carry, np.int64), read.astype(np.int64)])
+            first_sequence = lo - len(carry)  # the sequence that starts at bounds[0]
             carry, lo = [int(bounds[-1])], hi
             if buf_hi < 0:
                 buf_lo = buf_hi = int(bounds[0]) // t_unit * t_unit
@@ -437,7 +463,7 @@ class FlatTokensSplit:
             while i < n:
                 a = int(bounds[i])
                 if bounds[i + 1] > buf_hi:  # sequence i ends beyond the buffer: read on, aligned
-                    new_hi = min(self.num_tokens, _round_up(int(bounds[i + 1]), t_unit))
+                    new_hi = min(self.num_tokens, _round_up(int(bounds[i + 1]), t_unit))  # > buf_hi: checked
                     new = self._read(self._tokens, buf_hi, new_hi)
                     if a < buf_hi:
                         buf, buf_lo = np.concatenate([buf[a - buf_lo:], new]), a
@@ -445,7 +471,9 @@ class FlatTokensSplit:
                         buf, buf_lo = new, buf_hi
                     buf_hi = new_hi
                 j = min(n, int(np.searchsorted(bounds, buf_hi, "right")) - 1)  # i..j-1 are whole in buf
-                yield buf[a - buf_lo:int(bounds[j]) - buf_lo], bounds[i:j + 1] - a
+                whole, offsets = buf[a - buf_lo:int(bounds[j]) - buf_lo], bounds[i:j + 1] - a
+                self._checks.sequences_begin(whole, offsets[:-1], first_sequence + i, a)
+                yield whole, offsets
                 i = j
 
     def sequence_bounds(self, i) -> tuple[int, int]:
@@ -458,7 +486,9 @@ class FlatTokensSplit:
         """The stored (encoded) tokens of sequence i: two reads (and one check of the run)."""
         k = _index(i, self.num_sequences, "sequence")
         a, b = (int(x) for x in self._read(self._starts, k, k + 2, check=False))
-        return self._read(self._tokens, a, b)
+        encoded = self._read(self._tokens, a, b)
+        self._checks.sequences_begin(encoded, np.zeros(1, np.int64), k, a)
+        return encoded
 
     def sequence(self, i) -> np.ndarray:
         """Token ids (int32) of sequence i: two reads, seq_starts[i:i+2] then the tokens."""

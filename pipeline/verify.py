@@ -46,9 +46,10 @@ import zarr
 
 from pipeline import VERSION, read_guard
 from transforms.gcs import close_gcs_sessions_at_exit
+from transforms.own_names import is_own_name
 from transforms.write import chunk_checksums
 from transforms.write.chunk_objects import chunk_objects, missing_objects
-from transforms.write.ownership import OWN_PREFIX, conflicts, refusals
+from transforms.write.ownership import conflicts, refusals
 
 # After `import zarr`, so gcsfs sessions on zarr's event loop close before zarr stops it.
 close_gcs_sessions_at_exit()
@@ -160,7 +161,7 @@ def open_root(url: str, storage_options: dict | None = None) -> zarr.Group | Non
         # The root metadata is written last, so split children without it mean a crashed run.
         base = path.rstrip("/")
         if any(fs.exists(f"{base}/{name}") for name in SPLITS) or \
-                any(posixpath.basename(p.rstrip("/")).startswith(OWN_PREFIX) for p in fs.ls(base, detail=False)):
+                any(is_own_name(posixpath.basename(p.rstrip("/"))) for p in fs.ls(base, detail=False)):
             return None  # split groups, or only what a run writes first: its claim, its staging area
         raise CannotOpen(f"{url} is not a zarr group ({type(e).__name__}: {e})") from None
 

@@ -157,3 +157,21 @@ def test_worker_processes_get_their_share_of_the_cores(monkeypatch):
     assert cores.share() == cores.available()  # never more than the process may run on
     monkeypatch.delenv(cores.ENVIRONMENT)
     assert cores.share() == cores.available()
+
+
+def test_far_more_worker_processes_than_cores_are_refused_before_any_is_started(tmp_path):
+    """`--local_parallelism 1000` on 2 cores forked 1000 processes, read nothing for 240 s and
+    died with gRPC tracebacks. Up to MAX_WORKERS_PER_CORE per core is taken; more: exit 2,
+    naming the option and the cores."""
+    available = cores.available()
+    limit = parallelism.MAX_WORKERS_PER_CORE * available
+    assert parallelism.choose(limit, [], PipelineOptions([]), True, 10, 1).workers == limit
+    with pytest.raises(OptionError, match=f"--local_parallelism {limit + 1}: .*{available} core"):
+        parallelism.choose(limit + 1, [], PipelineOptions([]), True, 10, 1)
+    src = write_jsonl(tmp_path / "in.jsonl", ["a document"])
+    proc = run_pipeline("--input", src, "--tokenizer", "bytes", "--output", tmp_path / "o.zarr",
+                        "--local_parallelism", "1000", check=False)
+    message = refused(proc)
+    assert f"--local_parallelism 1000: more than {parallelism.MAX_WORKERS_PER_CORE} worker processes per core " \
+           f"({available} core" in message, message
+    assert not (tmp_path / "o.zarr").exists()

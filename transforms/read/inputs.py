@@ -25,6 +25,7 @@ from fsspec.implementations.local import LocalFileSystem
 from fsspec.utils import glob_translate
 
 from transforms.gcs import close_gcs_sessions, close_gcs_sessions_at_exit, use_gcs_emulator_plainly  # noqa: F401
+from transforms.own_names import is_own_name
 
 try:
     import zstandard
@@ -45,11 +46,11 @@ JSONL = "jsonl"
 PARQUET = "parquet"
 # Names of the files listed after a directory input's "skipped" warning.
 SKIPPED_NAMED = 5
-# What this tool writes, recognised by name: a directory holding an entry named so is one of
-# its outputs (a dataset's claim, an unfinished output's staging area, leases), and a file
-# named like a rejected-lines report is one. Listings leave both out: an output written
-# inside its own input directory must not become input of the next run.
-OWN_PREFIX = ".flat-tokens-"
+# What this tool writes, recognised by its exact names (transforms/own_names.py): a directory
+# holding one is one of its outputs (a dataset's claim, an unfinished output's staging area,
+# leases), and a file named like a rejected-lines report is one. Listings leave both out: an
+# output written inside its own input directory must not become input of the next run. A
+# user's `.flat-tokens-notes.txt` is not such a name: it hides nothing beside it.
 OWN_REPORT = re.compile(r"rejected-[0-9a-f]+-[0-9a-f]{16}\.jsonl")
 
 
@@ -281,21 +282,29 @@ def list_inputs(patterns: list[str], split: str, first_index: int = 0,
 
 def _own_outputs(names: list[str], root: str) -> list[str]:
     """The directories below `root` that are this tool's outputs: those holding an entry
-    named with OWN_PREFIX (a trailing "/" each)."""
+    named exactly as this tool names its own (is_own_name; a trailing "/" each)."""
     found = set()
     for name in names:
         parts = (posixpath.relpath(name, root) if root else name).split("/")
-        depth = next((d for d, part in enumerate(parts) if part.startswith(OWN_PREFIX)), None)
+        depth = next((d for d, part in enumerate(parts) if is_own_name(part)), None)
         if depth:  # not 0: an input that is itself such an output is not left out of itself
             found.add(posixpath.join(root, *parts[:depth]) + "/")
     return sorted(found)
+
+
+def is_glob(path: str, exists) -> bool:
+    """Whether an input pattern is expanded as a glob: it holds a glob character and names no
+    existing path (`exists(path)`). A file (or directory) that exists is read by its exact
+    name, `data[1].jsonl` included: as a glob that would read `data1.jsonl` instead."""
+    return any(c in path for c in GLOB_CHARS) and not exists(path)
 
 
 def _list_objects(fs, path: str, where: str) -> tuple[str, list[_Entry], list[str], list[str]]:
     """(root, files, skipped, own) on an object store (or any fsspec filesystem but the local
     one), from the listing's own details: no request per file. `own`: this tool's outputs
     and rejected-lines reports, left out."""
-    if any(c in path for c in GLOB_CHARS):
+    glob = is_glob(path, fs.exists)
+    if glob:
         root, found, directory = glob_root(path), fs.glob(path, detail=True), False
     elif fs.isdir(path):
         root, found, directory = path.rstrip("/"), fs.find(path, detail=True), True
@@ -304,7 +313,7 @@ def _list_objects(fs, path: str, where: str) -> tuple[str, list[_Entry], list[st
     else:
         raise InputError(f"{where}: no such file; check the path")
     entries, skipped = [], []
-    named = not directory and not any(c in path for c in GLOB_CHARS)
+    named = not directory and not glob
     outputs = [] if named else _own_outputs(list(found), root)
     own = list(outputs)
     for name, info in sorted(found.items()):
@@ -312,7 +321,7 @@ def _list_objects(fs, path: str, where: str) -> tuple[str, list[_Entry], list[st
             continue
         if any(name.startswith(o) for o in outputs):
             continue
-        if not named and (is_own_report(name) or posixpath.basename(name).startswith(OWN_PREFIX)):
+        if not named and (is_own_report(name) or is_own_name(posixpath.basename(name))):
             own.append(name)
             continue
         if directory and not is_data_name(name):
@@ -328,7 +337,7 @@ def _list_objects(fs, path: str, where: str) -> tuple[str, list[_Entry], list[st
 def _list_local(path: str, where: str) -> tuple[str, list[_Entry], list[str], list[str]]:
     """(root, files, skipped, own) on the local filesystem, walked here rather than by fsspec:
     fsspec's walk leaves out a subdirectory it cannot list, without a word."""
-    if any(c in path for c in GLOB_CHARS):
+    if is_glob(path, os.path.lexists):
         root = glob_root(path)
         entries, _, own = _walk_local(root, where, pattern=path)
         return root, entries, [], own
@@ -350,7 +359,7 @@ def _walk_local(top: str, where: str, pattern: str | None = None) -> tuple[list[
     can reach; without one (a directory input), the data files, and the paths of the others
     (not opened). A directory that cannot be listed, or a link back to a directory being
     walked, is an InputError: what it holds would be left out, or read twice. This tool's
-    own outputs below `top` (directories holding a `.flat-tokens-*` entry) and reports are
+    own outputs below `top` (directories holding an entry is_own_name names) and reports are
     left out, and returned third."""
     full = re.compile(glob_translate(pattern)) if pattern else None
     parts = pattern[len(top):].strip("/").split("/") if pattern else []
@@ -374,12 +383,12 @@ def _walk_local(top: str, where: str, pattern: str | None = None) -> tuple[list[
         except OSError as e:
             raise InputError(f"{where}: cannot list the directory {directory} ({e.strerror}): the files in it "
                              f"would be left out; make it readable, or name the files to read") from None
-        if depth and any(child.name.startswith(OWN_PREFIX) for child in children):
+        if depth and any(is_own_name(child.name) for child in children):
             own.append(directory + "/")  # one of this tool's outputs: none of it is input
             return
         for child in children:
             path = posixpath.join(directory, child.name)
-            if child.name.startswith(OWN_PREFIX) or is_own_report(path) and not _is_dir(child):
+            if is_own_name(child.name) or is_own_report(path) and not _is_dir(child):
                 own.append(path)
                 continue
             if _is_dir(child):

@@ -10,8 +10,9 @@ The claim is kept by the commit, so a committed dataset says which run wrote it.
 
 "Ours" is recognised from names and the claim, never from arbitrary zarr content: an output
 is replaceable only when every top-level entry is one this tool writes (the claims, the
-root group metadata, `train/`, `validation/`, and `.flat-tokens-*` objects such as conflict
-records, leases or a run's temporary files), a claim says the dataset entries are this
+root group metadata, `train/`, `validation/`, and the exact names transforms/own_names.py
+lists: conflict records, leases, the staging area and their temporary names; a user's
+`.flat-tokens-notes.txt` is not one, so it is neither deleted nor ours), a claim says the dataset entries are this
 tool's, and every object inside `train/` and `validation/` is one the layout writes there:
 group and array metadata, and the data objects the arrays' metadata implies
 (transforms/write/chunk_objects.py). A user's `train/NOTES.txt` makes the output foreign.
@@ -55,10 +56,11 @@ from dataclasses import dataclass
 from fsspec.core import url_to_fs
 
 from transforms import create_only, processes
+from transforms.own_names import is_own_name
 from transforms.write.chunk_objects import ChunkObjects, chunk_objects
 from transforms.write.object_trees import remove_tree, walk_tree
 
-OWN_PREFIX = ".flat-tokens-"  # every top-level name this tool writes for itself starts so
+OWN_PREFIX = ".flat-tokens-"  # every top-level name this tool writes for itself starts so (own_names: which)
 CLAIM_PREFIX = ".flat-tokens-run."
 CONFLICT_PREFIX = ".flat-tokens-conflict."
 STAGING = ".flat-tokens-staging"  # work kept for a rerun (transforms/staging.py): never replaced here
@@ -296,7 +298,7 @@ def inspect_output(url: str, storage_options: dict | None = None, own_run_id: st
         return OutputState("absent")
     if not fs.isdir(path):
         return OutputState("file", names=(posixpath.basename(path),))
-    listed = [(n, d) for n, d in _names(fs, path) if not (own_run_id and n.startswith(OWN_PREFIX) and own_run_id in n)]
+    listed = [(n, d) for n, d in _names(fs, path) if not (own_run_id and is_own_name(n) and own_run_id in n)]
     names = tuple(n + "/" if d else n for n, d in listed)
     if not listed:
         return OutputState("empty")
@@ -312,7 +314,7 @@ def inspect_output(url: str, storage_options: dict | None = None, own_run_id: st
             owner = (0, legacy)
     dataset_is_ours = bool(claims) or bool(owner[1])
     foreign = [label for (n, d), label in zip(listed, names)
-               if not (n.startswith(OWN_PREFIX) or (dataset_is_ours and (_dataset_entry(n, d)
+               if not (is_own_name(n) or (dataset_is_ours and (_dataset_entry(n, d)
                                                                           or not d and n in also_ours)))]
     if dataset_is_ours:  # the whole tree, not one level: a user's train/NOTES.txt is not ours
         foreign += [f"{split}/{f}" for split, is_dir in listed if is_dir and split in SPLITS
@@ -741,7 +743,7 @@ def remove_replaced(url: str, run_id: str, storage_options: dict | None = None,
                 replaced.append(holder)
         elif name in keep or name == STAGING:
             continue
-        elif name.startswith(OWN_PREFIX):
+        elif is_own_name(name):  # exactly a name this tool writes: a user's .flat-tokens-notes.txt is not
             if run_id in name:
                 continue
         elif not _dataset_entry(name, is_dir):
