@@ -7,21 +7,24 @@ datasets) in chosen proportions, without writing a new dataset.
     blend = Blend([FlatTokensSplit("web.zarr"), FlatTokensSplit("code.zarr")], weights=[0.7, 0.3], seed=0)
     for inputs, targets in blend.packed_batches(2048, 32, start_step=step): ...
 
-The blended stream is a sequence of full windows. Position p takes its window from the split
-Megatron-LM's BlendedDataset would choose (helpers.cpp, build_blending_indices): the split
-whose count lags its weight most, ``argmax_i(w_i * max(p, 1) - count_i)``, ties to the first,
-with the weights normalised to sum to 1. So every prefix of the stream holds each split's
-share to within two windows (measured: at most one with two splits, 1.5 with three, 1.87
-with eight). The c-th window a split gives is position c of that split's own stream, exactly
-as its ``packed_batches`` orders it with the seed `source_seed(seed, i)`: its windows
-shuffled, epoch after epoch, each split restarting its epoch on its own when it runs out.
+Row j of every batch is a lane (as in FlatTokensSplit.packed_batches). Lane j's t-th window
+comes from the split Megatron-LM's BlendedDataset would choose at position t + j
+(helpers.cpp, build_blending_indices): the split whose count lags its weight most,
+``argmax_i(w_i * max(p, 1) - count_i)``, ties to the first, with the weights normalised to
+sum to 1. So batch k's rows are the choices at positions [k, k + B): every lane's windows and
+every batch's rows hold each split's share to within a few windows (the rule keeps every
+prefix within two: measured at most one with two splits, 1.5 with three, 1.87 with eight).
+The c-th window lane j takes from split i is lane j's window at step c of that split's own
+order, exactly as its ``packed_batches`` orders it with batch_size B and the seed
+`source_seed(seed, i)`: its windows shuffled, epoch after epoch, each split's lane restarting
+its epoch on its own when it runs out.
 
-Batch k is positions [k*B, (k+1)*B) of the blend: a pure function of the splits, weights,
-seed and arguments. ``start_step=k`` resumes there; it replays the choices (not the reads)
-of the k*B positions before it: 0.4-0.7 s per million positions for 2-8 splits (measured
-on one core), and no reads. A Blend pickles (its splits by URL), so a DataLoader worker or a restarted
-job can rebuild it. With ``rank=r, world_size=w``, host r blends its own shares of the splits
-(each split's stream for host r) by the same rule, in batches of B / w rows.
+Batch k is a pure function of the splits, weights, seed and arguments, not of the number of
+hosts. ``start_step=k`` resumes there; it replays the choices (not the reads) of the k + B
+positions before it: 0.4-0.7 s per million positions for 2-8 splits (measured on one core),
+and no reads. A Blend pickles (its splits by URL), so a DataLoader worker or a restarted job
+can rebuild it. With ``rank=r, world_size=w``, host r serves rows [r*B/w, (r+1)*B/w) of the
+global batches: their lanes of every split, about 1/w of each.
 
 The splits must share a tokenizer (the sha256 each dataset records in its provenance), else
 ValueError, unless ``allow_mixed_tokenizers=True``.
@@ -136,7 +139,8 @@ class Blend:
         return f"Blend({parts}; seed {self.seed})"
 
     def counts(self, positions: int) -> list[int]:
-        """How many of the blend's first `positions` windows each split gives."""
+        """How many of the rule's first `positions` choices go to each split (batch k's rows
+        are positions [k, k + batch_size) of them)."""
         choices = _Choices(self.weights)
         choices.advance(operator.index(positions))
         return choices.counts

@@ -13,16 +13,19 @@ layers on top (docs/training.md shows both in use).
 A DataLoader with `num_workers=K` iterates a copy of the dataset in each worker and takes one
 item from each worker in turn (worker 0, 1, ..., K-1, 0, ...). So worker j serving the steps
 j, j+K, j+2K, ... of the host's stream makes the loader's output exactly that stream, batch
-by batch; every item is a whole batch (use `batch_size=None`). A worker reads the blocks that
-hold its steps' windows: with shuffle buffers spread over many steps, that is most of the
-host's share, so K workers decompress it about K times (the reader already reads in
-background threads: one worker, or none, is enough to keep a GPU fed; docs/training.md).
+by batch; every item is a whole batch (use `batch_size=None`). A worker reads only the windows
+of its steps: the order deals each lane piece's windows to the steps by phase (bit-reversed
+step % 8, pipeline/batch_order.py), so for K = 1, 2, 4 or 8 a worker's steps take a contiguous
+1/K of every piece, and the K workers read the host's share about once in all (measured: 2
+ranks x 2 workers, 0.25 of the split each). A blend's workers still read most of the host's
+share each (the splits' lanes advance by the blend's choices, not by step).
 
 State follows torchdata's StatefulDataLoader convention: `state_dict()` is this copy's
 position (the next step it serves), `load_state_dict(state)` sets it before iteration, and a
 StatefulDataLoader keeps one state per worker. A state saved in one process (no workers)
 resumes under any number of workers; a worker's state resumes that worker, under the same
-number of workers. Whatever the loader, `start_step=k` resumes at step k exactly.
+number of workers. The step is the global batch's, so a state (or `start_step=k`) resumes on
+any number of hosts: each host loads it with its own rank and world size.
 """
 from __future__ import annotations
 

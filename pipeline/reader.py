@@ -30,12 +30,12 @@ sequential and epoch-wise reading go through iterators that read chunk-aligned b
 few MB, each chunk once. ``for ids in split`` (or ``iter_sequences(start, stop)``,
 ``iter_encoded``) yields every sequence whole, however many chunks or blocks it spans.
 ``packed_batches(L, B, seed=, start_step=)`` yields shuffled (inputs, targets) batches of
-full windows, as seqax's ShufflingLoader does: contiguous blocks of windows, a seeded
-permutation of the blocks, shuffle buffers of many blocks whose windows are permuted again.
-Every permutation is keyed by (seed, epoch, buffer) alone, so batch k is a pure function of
-(seed, k) and ``start_step=k`` resumes at batch k without reading what comes before it. The
-stream runs epoch after epoch (each epoch every full window exactly once, reshuffled) unless
-``epochs=`` ends it; see packed_batches for the details.
+full windows: contiguous blocks of windows in a seeded permutation, each row of the batch a
+lane that serves its own slice of them in a seeded order (pipeline/batch_order.py). Every
+permutation is keyed by (seed, epoch, piece, lane) alone, so batch k is a pure function of
+(seed, k), whatever the number of hosts, and ``start_step=k`` resumes at batch k without
+reading what comes before it. The stream runs epoch after epoch (each epoch every full window
+at most once, reshuffled) unless ``epochs=`` ends it; see packed_batches for the details.
 
 Decoded token ids are returned as int32 (the format bounds ids by 2**31 - 1).
 

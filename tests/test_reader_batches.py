@@ -198,6 +198,17 @@ def test_ranks_refuse_bad_arguments(train):
             train.packed_batches(64, 8, **kwargs)
 
 
+def test_a_world_size_that_does_not_divide_the_batch_is_refused_naming_the_nearest_that_do(train):
+    """The order holds for every world size that divides batch_size (every power of two up to
+    1024 for a batch of 1024 rows or a multiple); any other is refused, naming the nearest."""
+    for batch, world_size, nearest in ((8, 3, "2 or 4"), (48, 5, "4 or 6"), (1024, 1000, "512 or 1024"),
+                                       (32, 64, "32")):
+        with pytest.raises(ValueError, match=f"world_size {world_size}.*nearest that do: {nearest}\\)"):
+            train.packed_batches(16, batch, rank=0, world_size=world_size)
+    for world_size in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024):
+        next(train.packed_batches(16, 1024, rank=world_size - 1, world_size=world_size, block_tokens=4096))
+
+
 # ---------------------------------------------------------------------------------------------
 # Document masks
 
