@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import zarr
 
+from pipeline.batch_order import host_rows
 from pipeline.reader import Batch, FlatTokensSplit, segments
 from tests.helpers import run_pipeline
 
@@ -206,7 +207,9 @@ def test_a_world_size_that_does_not_divide_the_batch_is_refused_naming_the_neare
         with pytest.raises(ValueError, match=f"world_size {world_size}.*nearest that do: {nearest}\\)"):
             train.packed_batches(16, batch, rank=0, world_size=world_size)
     for world_size in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024):
-        next(train.packed_batches(16, 1024, rank=world_size - 1, world_size=world_size, block_tokens=4096))
+        rows = 1024 // world_size
+        assert host_rows(1024, world_size - 1, world_size) == range(1024 - rows, 1024)
+    assert next(train.packed_batches(16, 1024, rank=1023, world_size=1024, block_tokens=4096))[1].shape == (1, 16)
 
 
 # ---------------------------------------------------------------------------------------------
