@@ -190,6 +190,12 @@ def test_a_block_s_windows_spread_over_as_many_batches_as_a_uniform_shuffle_woul
         ideal = K / rows * (1 - math.comb(K - rows, block) / math.comb(K, block))
         assert np.mean(spread) >= 0.9 * ideal, (world_size, np.mean(spread), ideal)
         assert np.mean(spread) > 2 * block / rows  # far from storage order
+    # And a batch's rows come from all over the split: the mean distance between two of its
+    # windows is about that of windows drawn at random (n / 3), not that of one buffer's.
+    batches = [windows_of(b, length) for b in take(numbered.packed_batches(length, batch, block_tokens=block * length,
+                                                                          buffer_blocks=buffer_blocks), 40)]
+    distance = np.mean([abs(a - b) for rows in batches for a in rows for b in rows if a < b])
+    assert distance > 0.25 * n, (distance, n)
 
 
 def test_ranks_refuse_bad_arguments(train):
