@@ -201,7 +201,7 @@ class Blend:
                     windows = np.empty((rows, length), np.uint32)
                     for row in range(rows):
                         i = int(chosen[row])
-                        windows[row] = streams[i][row].window(int(counts[row, i]))[0]
+                        windows[row] = streams[i][row].windows(counts[row, i:i + 1])[0][0]
                     token_sources = np.repeat(chosen.astype(np.uint16)[:, None], length, axis=1) if with_sources \
                         else None
                     yield _batch(windows, token_sources, with_segments)

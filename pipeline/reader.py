@@ -79,6 +79,7 @@ STARTS_READ = 1 << 18  # 2 MB of seq_starts
 BLOCK_TOKENS = 1 << 20
 BUFFER_BLOCKS = 32
 READ_THREADS = 4  # concurrent block reads while a shuffle buffer loads (object stores: latency)
+SPAN = 16  # steps gathered at a time, lane by lane, by packed_batches
 
 
 class UncommittedDataset(DatasetError):
@@ -213,12 +214,13 @@ class _LanePiece:
         self.first, self.end, self.serving = piece.first, piece.end, piece.serving
         self.rows, self.sources, self._reads = rows, sources, reads
 
-    def window(self, step: int) -> tuple[np.ndarray, np.ndarray | None]:
-        """The encoded window served at `step` and its tokens' sources (or None): views."""
+    def windows(self, steps: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """The encoded windows served at `steps` (all in this piece) and their tokens' sources
+        (or None): copies."""
         while self._reads:
             self._reads.pop().result()  # waits for the read; re-raises its error here
-        row = self.serving[step - self.first]
-        return self.rows[row], None if self.sources is None else self.sources[row]
+        rows = self.serving[steps - self.first]
+        return self.rows[rows], None if self.sources is None else self.sources[rows]
 
 
 def serves_steps(start: int, every: int = 1):
@@ -231,8 +233,8 @@ def serves_steps(start: int, every: int = 1):
 
 
 class LaneStream:
-    """One lane of a split's BatchOrder (one row of every global batch), window by window as
-    steps rise, read piece by piece (the next piece in the background, by `pool`). `wanted`
+    """One lane of a split's BatchOrder (one row of every global batch), served by step as steps
+    rise, read piece by piece (the next piece in the background, by `pool`). `wanted`
     (serves_steps) marks the steps this process serves: only their windows are read. Used by
     FlatTokensSplit.packed_batches and by pipeline.blend."""
 
@@ -246,16 +248,36 @@ class LaneStream:
         return self._split._read_piece(self._order.piece_at(self._lane, step), self._length, self._pool,
                                        self._with_sources, self._wanted)
 
-    def window(self, step: int) -> tuple[np.ndarray, np.ndarray | None]:
-        """The encoded window this lane serves at `step` and its tokens' sources (or None)."""
-        current = self._current
-        if current is None or not current.first <= step < current.end:
-            upcoming = self._upcoming
-            current = upcoming if upcoming is not None and upcoming.first <= step < upcoming.end else self._start(step)
-            self._upcoming = (self._start(current.end) if self._total is None or current.end < self._total
-                              else None)
-            self._current = current
-        return current.window(step)
+    def start(self, step: int) -> None:
+        """Starts reading the piece that serves `step` (so that every lane's first read is queued
+        before any lane's next one)."""
+        if self._current is None or not self._current.first <= step < self._current.end:
+            self._current, self._upcoming = self._start(step), None
+
+    def windows(self, steps: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """The encoded windows this lane serves at `steps` (rising) and their tokens' sources (or
+        None)."""
+        pieces, sources, i = [], [], 0
+        while i < steps.size:
+            step = int(steps[i])
+            if self._current is None or not self._current.first <= step < self._current.end:
+                upcoming = self._upcoming
+                self._current = (upcoming if upcoming is not None and upcoming.first <= step < upcoming.end
+                                 else self._start(step))
+                self._upcoming = None
+            j = i + int(np.searchsorted(steps[i:], self._current.end))
+            windows, window_sources = self._current.windows(steps[i:j])
+            pieces.append(windows)
+            sources.append(window_sources)
+            i = j
+            if self._upcoming is None and (self._total is None or self._current.end < self._total):
+                self._upcoming = self._start(self._current.end)  # read in the background
+        if len(pieces) == 1:
+            return pieces[0], sources[0]
+        if not pieces:
+            return (np.empty((0, self._length), np.uint32),
+                    np.empty((0, self._length), np.uint16) if self._with_sources else None)
+        return np.concatenate(pieces), None if sources[0] is None else np.concatenate(sources)
 
 
 def _ids_of(blocks: Iterator[tuple[np.ndarray, np.ndarray]], encoded: bool) -> Iterator[np.ndarray]:
@@ -589,16 +611,24 @@ class FlatTokensSplit:
         try:
             streams = [LaneStream(self, order, j, length, pool, with_sources, total, serves_steps(start_step, every))
                        for j in lanes]
+            if total is None or start_step < total:
+                for stream in streams:
+                    stream.start(start_step)
             step = start_step
             while total is None or step < total:
-                windows = np.empty((len(streams), length), np.uint32)
-                token_sources = np.empty((len(streams), length), np.uint16) if with_sources else None
+                # SPAN steps at a time, lane by lane (one gather per lane, not one per window).
+                steps = step + every * np.arange(SPAN, dtype=np.int64)
+                if total is not None:
+                    steps = steps[steps < total]
+                windows = np.empty((steps.size, len(streams), length), np.uint32)
+                token_sources = np.empty(windows.shape, np.uint16) if with_sources else None
                 for row, stream in enumerate(streams):
-                    windows[row], window_sources = stream.window(step)
+                    windows[:, row], lane_sources = stream.windows(steps)
                     if with_sources:
-                        token_sources[row] = window_sources
-                yield _batch(windows, token_sources, with_segments)
-                step += every
+                        token_sources[:, row] = lane_sources
+                for t in range(steps.size):
+                    yield _batch(windows[t], None if token_sources is None else token_sources[t], with_segments)
+                step += every * steps.size
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
 
