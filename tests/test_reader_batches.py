@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import zarr
 
-from pipeline.batch_order import host_rows
+from pipeline.batch_order import BatchOrder, host_rows
 from pipeline.reader import Batch, FlatTokensSplit, segments
 from tests.helpers import run_pipeline
 
@@ -93,6 +93,21 @@ def test_the_hosts_rows_at_each_step_are_the_single_host_batch(numbered, world_s
         assert windows_of(again, length) == windows_of(hosts[r][k], length)
     other = take(numbered.packed_batches(length, batch, seed=6, world_size=world_size, **PIECES), 4)
     assert [windows_of(b, length) for b in other] != [windows_of(b, length) for b in hosts[0][:4]]
+
+
+def test_the_order_is_the_documented_one_and_is_computed_without_a_read(numbered):
+    """Row j of batch k is BatchOrder.window(j, k) (docs/reader.md: blocks of block_tokens // L
+    windows, lane pieces of max(1, buffer_blocks // B) blocks), and each lane serves, in epoch e,
+    windows that are its own slice of the epoch: disjoint from every other lane's."""
+    length, batch = 64, 16
+    n = numbered.num_windows(length)
+    m = n // batch
+    order = BatchOrder(n, batch, PIECES["block_tokens"] // length, max(1, PIECES["buffer_blocks"] // batch), 5)
+    served = take(numbered.packed_batches(length, batch, seed=5, **PIECES), m + 3)
+    for k in (0, 1, 17, m - 1, m, m + 2):
+        assert windows_of(served[k], length) == [order.window(j, k) for j in range(batch)]
+    lanes = [{order.window(j, k) for k in range(m)} for j in range(batch)]
+    assert sum(map(len, lanes)) == len(set().union(*lanes)) == m * batch
 
 
 @pytest.mark.parametrize("before, after", [(4, 2), (2, 8)])
