@@ -188,3 +188,20 @@ def test_two_workers_of_two_ranks_each_read_a_quarter_and_give_the_single_stream
     for k, (inputs, targets) in enumerate(single):
         assert np.array_equal(np.concatenate([hosts[0][k][1], hosts[1][k][1]]), targets)
         assert np.array_equal(np.concatenate([hosts[0][k][0], hosts[1][k][0]]), inputs)
+
+
+def test_a_state_saved_on_four_hosts_resumes_on_two(byte_splits):
+    """The state names the global step, not the world size: saved by a rank of 4, loaded by the
+    ranks of 2, the loaders continue the single-host stream."""
+    train = byte_splits["train"]
+    want = take(train.packed_batches(LENGTH, 8, seed=6, **SIZES), 10)
+    saved = PackedBatchStream(train, LENGTH, 8, seed=6, rank=3, world_size=4, **SIZES)
+    same(take(iter(saved), 4), [(i[6:], t[6:]) for i, t in want[:4]])
+    state = pickle.loads(pickle.dumps(saved.state_dict()))
+    resumed = []
+    for rank in range(2):
+        stream = PackedBatchStream(train, LENGTH, 8, seed=6, rank=rank, world_size=2, **SIZES)
+        stream.load_state_dict(state)
+        resumed.append(take(iter(stream), 6))
+    got = [tuple(np.concatenate([resumed[0][k][f], resumed[1][k][f]]) for f in range(2)) for k in range(6)]
+    same(got, want[4:])
