@@ -7,21 +7,24 @@ datasets) in chosen proportions, without writing a new dataset.
     blend = Blend([FlatTokensSplit("web.zarr"), FlatTokensSplit("code.zarr")], weights=[0.7, 0.3], seed=0)
     for inputs, targets in blend.packed_batches(2048, 32, start_step=step): ...
 
-The blended stream is a sequence of full windows. Position p takes its window from the split
-Megatron-LM's BlendedDataset would choose (helpers.cpp, build_blending_indices): the split
-whose count lags its weight most, ``argmax_i(w_i * max(p, 1) - count_i)``, ties to the first,
-with the weights normalised to sum to 1. So every prefix of the stream holds each split's
-share to within two windows (measured: at most one with two splits, 1.5 with three, 1.87
-with eight). The c-th window a split gives is position c of that split's own stream, exactly
-as its ``packed_batches`` orders it with the seed `source_seed(seed, i)`: its windows
-shuffled, epoch after epoch, each split restarting its epoch on its own when it runs out.
+Row j of every batch is a lane (as in FlatTokensSplit.packed_batches). Lane j's t-th window
+comes from the split Megatron-LM's BlendedDataset would choose at position t + j
+(helpers.cpp, build_blending_indices): the split whose count lags its weight most,
+``argmax_i(w_i * max(p, 1) - count_i)``, ties to the first, with the weights normalised to
+sum to 1. So batch k's rows are the choices at positions [k, k + B): every lane's windows and
+every batch's rows hold each split's share to within a few windows (the rule keeps every
+prefix within two: measured at most one with two splits, 1.5 with three, 1.87 with eight).
+The c-th window lane j takes from split i is lane j's window at step c of that split's own
+order, exactly as its ``packed_batches`` orders it with batch_size B and the seed
+`source_seed(seed, i)`: its windows shuffled, epoch after epoch, each split's lane restarting
+its epoch on its own when it runs out.
 
-Batch k is positions [k*B, (k+1)*B) of the blend: a pure function of the splits, weights,
-seed and arguments. ``start_step=k`` resumes there; it replays the choices (not the reads)
-of the k*B positions before it: 0.4-0.7 s per million positions for 2-8 splits (measured
-on one core), and no reads. A Blend pickles (its splits by URL), so a DataLoader worker or a restarted
-job can rebuild it. With ``rank=r, world_size=w``, host r blends its own shares of the splits
-(each split's stream for host r) by the same rule, in batches of B / w rows.
+Batch k is a pure function of the splits, weights, seed and arguments, not of the number of
+hosts. ``start_step=k`` resumes there; it replays the choices (not the reads) of the k + B
+positions before it: 0.4-0.7 s per million positions for 2-8 splits (measured on one core),
+and no reads. A Blend pickles (its splits by URL), so a DataLoader worker or a restarted job
+can rebuild it. With ``rank=r, world_size=w``, host r serves rows [r*B/w, (r+1)*B/w) of the
+global batches: their lanes of every split, about 1/w of each.
 
 The splits must share a tokenizer (the sha256 each dataset records in its provenance), else
 ValueError, unless ``allow_mixed_tokenizers=True``.
@@ -35,8 +38,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from pipeline.reader import (BLOCK_TOKENS, BUFFER_BLOCKS, READ_THREADS, FlatTokensSplit, _batch, _count,
-                             _positive, _rank_rows, _WindowStream)
+from pipeline.batch_order import host_rows
+from pipeline.reader import (BLOCK_TOKENS, BUFFER_BLOCKS, READ_THREADS, FlatTokensSplit, LaneStream, _batch, _count,
+                             _positive)
 
 _BLEND = 3  # the purpose word of the per-split seeds (reader's permutations use 1 and 2)
 
@@ -135,7 +139,8 @@ class Blend:
         return f"Blend({parts}; seed {self.seed})"
 
     def counts(self, positions: int) -> list[int]:
-        """How many of the blend's first `positions` windows each split gives."""
+        """How many of the rule's first `positions` choices go to each split (batch k's rows
+        are positions [k, k + batch_size) of them)."""
         choices = _Choices(self.weights)
         choices.advance(operator.index(positions))
         return choices.counts
@@ -147,45 +152,60 @@ class Blend:
         (batch_size / world_size, length).
 
         rank and world_size, segments, block_tokens and buffer_blocks as in
-        FlatTokensSplit.packed_batches: host `rank` blends its own shares of the splits (each
-        split's stream for that rank) by the same rule, in batches of batch_size / world_size
-        rows, so it reads about 1/world_size of each split and every host's batch holds each
-        split's share. ``sources=True`` makes each batch a Batch whose `sources` holds, for every
-        token, the index of the split it came from (in `splits`)."""
+        FlatTokensSplit.packed_batches: global batch k does not depend on the world size, and
+        host `rank` serves its rows [rank*B/w, (rank+1)*B/w), reading about 1/world_size of
+        each split. Row j (lane j) at step k takes its window from the split Megatron's rule
+        chooses at position k + j of its sequence, and from that split's own lane j: so every
+        lane's windows, and every batch's rows, hold each split's share (see the module's doc).
+        ``sources=True`` makes each batch a Batch whose `sources` holds, for every token, the
+        index of the split it came from (in `splits`)."""
         length = _positive(length)
         batch_size = _count(batch_size, "batch_size")
         start_step = _count(start_step, "start_step", 0)
-        rank, world_size, rows = _rank_rows(batch_size, rank, world_size)
-        orders = self._orders(length, block_tokens, buffer_blocks, rank, world_size)
+        lanes = host_rows(batch_size, rank, world_size)
+        orders = self._orders(length, batch_size, block_tokens, buffer_blocks)
         if len(self.splits) >= 1 << 16 and sources:
             raise ValueError("sources are uint16: at most 65,535 splits")
-        return self._batches(orders, length, rows, start_step, segments, sources)
+        return self._batches(orders, length, lanes, start_step, segments, sources)
 
-    def _orders(self, length: int, block_tokens, buffer_blocks, rank: int, world_size: int) -> list:
-        """Each split's window order for host `rank` (ValueError for a split with too few windows)."""
-        return [split._window_order(length, source_seed(self.seed, i), block_tokens, buffer_blocks, rank, world_size)
+    def _orders(self, length: int, batch_size: int, block_tokens, buffer_blocks) -> list:
+        """Each split's BatchOrder, one lane per row (ValueError for a split with too few windows)."""
+        return [split._batch_order(length, batch_size, source_seed(self.seed, i), block_tokens, buffer_blocks)
                 for i, split in enumerate(self.splits)]
 
-    def _batches(self, orders, length: int, rows: int, start_step: int, with_segments: bool,
+    def _batches(self, orders, length: int, lanes: range, start_step: int, with_segments: bool,
                  with_sources: bool, every: int = 1) -> Iterator:
-        """This host's batches: steps start_step, start_step + every, ... (a DataLoader worker
-        serves every `every`-th step; the choices of the others are made, not their reads)."""
+        """This host's batches (rows `lanes`): steps start_step, start_step + every, ... (a
+        DataLoader worker serves every `every`-th step; the choices of the others are made, not
+        their reads). Lane j's t-th window is position t + j of the choices; the lane's count of
+        split i is the virtual step of split i's lane j it takes next."""
+        n, rows = len(self.splits), len(lanes)
         choices = _Choices(self.weights)
-        choices.advance(start_step * rows)  # the choices before the first batch, not their reads
+        made = choices.advance(start_step + lanes.stop)  # the choices up to this host's last row of start_step
+        counts = np.empty((rows, n), np.int64)  # lane's windows taken from each split before start_step
+        for i in range(n):
+            before = np.concatenate([[0], np.cumsum(made == i)])
+            counts[:, i] = before[start_step + lanes.start:start_step + lanes.stop] - before[lanes.start:lanes.stop]
+        made, base = made[start_step:], start_step  # made[p - base]: the choice at position p
+        at = np.arange(rows)
         pool = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="flat-tokens-blend")
         try:
-            streams = [_WindowStream(split, order, length, pool, False) for split, order in zip(self.splits, orders)]
+            streams = [[LaneStream(split, order, j, length, pool) for j in lanes]
+                       for split, order in zip(self.splits, orders)]
+            step = start_step
             while True:
-                before = list(choices.counts)
-                batch = choices.advance(rows)
-                if every > 1:
-                    choices.advance((every - 1) * rows)  # the steps other workers serve
-                windows = np.empty((rows, length), np.uint32)
-                for i, stream in enumerate(streams):
-                    at = np.flatnonzero(batch == i)
-                    if at.size:
-                        windows[at] = stream.take(before[i], before[i] + at.size)[0]
-                token_sources = np.repeat(batch.astype(np.uint16)[:, None], length, axis=1) if with_sources else None
-                yield _batch(windows, token_sources, with_segments)
+                if step + lanes.stop - base > made.size:  # choices for the next 1024 steps
+                    made, base = np.concatenate([made[step - base:], choices.advance(1024)]), step
+                chosen = made[step + lanes.start - base:step + lanes.stop - base]
+                if (step - start_step) % every == 0:
+                    windows = np.empty((rows, length), np.uint32)
+                    for row in range(rows):
+                        i = int(chosen[row])
+                        windows[row] = streams[i][row].windows(counts[row, i:i + 1])[0][0]
+                    token_sources = np.repeat(chosen.astype(np.uint16)[:, None], length, axis=1) if with_sources \
+                        else None
+                    yield _batch(windows, token_sources, with_segments)
+                counts[at, chosen] += 1
+                step += 1
         finally:
             pool.shutdown(wait=True, cancel_futures=True)

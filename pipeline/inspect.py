@@ -90,6 +90,13 @@ class HfDecoder:
         return json.dumps(text, ensure_ascii=False)[1:-1].replace(" ", "␣") or f"<{i}>"
 
 
+NO_TOKENIZERS = "decoding a tokenizer.json needs the `tokenizers` package: pip install tokenizers"
+
+
+class NoTokenizers(ValueError):
+    """The tokenizer is a tokenizer.json, and `tokenizers` is not installed."""
+
+
 def load_decoder(spec: str, storage_options: dict | None = None, sha256: str | None = None):
     """A decoder for spec, or raises ValueError saying why it cannot be used."""
     if spec == "bytes":
@@ -102,7 +109,10 @@ def load_decoder(spec: str, storage_options: dict | None = None, sha256: str | N
         raise ValueError(f"cannot read {spec} ({type(e).__name__}: {e})") from None
     if sha256 and hashlib.sha256(raw).hexdigest() != sha256:
         raise ValueError(f"{spec} is not the tokenizer the dataset was written with (sha256 differs)")
-    from tokenizers import Tokenizer
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:  # the reader-only install (reader/setup.py) leaves tokenizers out
+        raise NoTokenizers(NO_TOKENIZERS) from None
     try:
         return HfDecoder(Tokenizer.from_str(raw.decode("utf-8")), spec)
     except Exception as e:
@@ -122,6 +132,8 @@ def choose_decoder(explicit: str | None, recorded: dict | None, storage_options:
     try:
         sha = recorded.get("sha256") if kind == "file" else None
         return load_decoder(spec, storage_options if "://" in spec else None, sha), None
+    except NoTokenizers:
+        return None, f"showing token ids: {NO_TOKENIZERS} to see them as text"
     except ValueError as e:
         return None, f"recorded tokenizer not loadable: {e}; showing token ids (pass --tokenizer)"
 

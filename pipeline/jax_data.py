@@ -7,10 +7,12 @@ installed (this package does not depend on jax). The logic is pipeline/loaders.p
         batch["inputs"], batch["targets"]       # global (32, 2048) int32 jax.Arrays, rows over devices
 
 Each process (jax.process_index() of jax.process_count(), the reader's rank and world size)
-reads its own share of every epoch and serves its batch_size / process_count rows, which
-jax.make_array_from_process_local_data places on its local devices: together, one global
-array per field, split by rows over every device of the mesh (a 1-D "data" mesh of all
-devices unless a sharding is given). Resume with start_step=, as with packed_batches.
+reads its own share of every epoch and serves its batch_size / process_count rows of the
+global batch, which jax.make_array_from_process_local_data places on its local devices:
+together, one global array per field, split by rows over every device of the mesh (a 1-D
+"data" mesh of all devices unless a sharding is given). The global batches do not depend on
+the process count: resume with start_step= on any number of processes that divides
+batch_size.
 """
 from __future__ import annotations
 
@@ -36,8 +38,8 @@ def device_batches(data: FlatTokensSplit | Blend, length: int, batch_size: int, 
                    **kwargs) -> Iterator[dict]:
     """Global batches of `batch_size` rows as dicts of jax.Arrays (inputs, targets, and
     segment_ids/positions/sources when asked for), this process's rows from its own share
-    (kwargs as for pipeline.loaders.PackedBatchStream, rank and world_size from jax). With
-    epochs=, a short last batch is dropped: a global array has batch_size rows."""
+    (kwargs as for pipeline.loaders.PackedBatchStream, rank and world_size from jax). Every
+    batch is full (an epoch is num_windows // batch_size steps); a short one would be dropped."""
     sharding = sharding or data_sharding()
     stream = PackedBatchStream(data, length, batch_size, rank=jax.process_index(),
                                world_size=jax.process_count(), **kwargs)

@@ -13,16 +13,19 @@ layers on top (docs/training.md shows both in use).
 A DataLoader with `num_workers=K` iterates a copy of the dataset in each worker and takes one
 item from each worker in turn (worker 0, 1, ..., K-1, 0, ...). So worker j serving the steps
 j, j+K, j+2K, ... of the host's stream makes the loader's output exactly that stream, batch
-by batch; every item is a whole batch (use `batch_size=None`). A worker reads the blocks that
-hold its steps' windows: with shuffle buffers spread over many steps, that is most of the
-host's share, so K workers decompress it about K times (the reader already reads in
-background threads: one worker, or none, is enough to keep a GPU fed; docs/training.md).
+by batch; every item is a whole batch (use `batch_size=None`). A worker reads only the windows
+of its steps: the order deals each lane piece's windows to the steps by phase (bit-reversed
+step % 8, pipeline/batch_order.py), so for K = 1, 2, 4 or 8 a worker's steps take a contiguous
+1/K of every piece, and the K workers read the host's share about once in all (measured: 2
+ranks x 2 workers, 0.25 of the split each). A blend's workers still read most of the host's
+share each (the splits' lanes advance by the blend's choices, not by step).
 
 State follows torchdata's StatefulDataLoader convention: `state_dict()` is this copy's
 position (the next step it serves), `load_state_dict(state)` sets it before iteration, and a
 StatefulDataLoader keeps one state per worker. A state saved in one process (no workers)
 resumes under any number of workers; a worker's state resumes that worker, under the same
-number of workers. Whatever the loader, `start_step=k` resumes at step k exactly.
+number of workers. The step is the global batch's, so a state (or `start_step=k`) resumes on
+any number of hosts: each host loads it with its own rank and world size.
 """
 from __future__ import annotations
 
@@ -32,7 +35,8 @@ from collections.abc import Iterator
 import numpy as np
 
 from pipeline.blend import Blend
-from pipeline.reader import BLOCK_TOKENS, BUFFER_BLOCKS, FlatTokensSplit, _count, _positive, _rank_rows
+from pipeline.batch_order import host_rows
+from pipeline.reader import BLOCK_TOKENS, BUFFER_BLOCKS, FlatTokensSplit, _count, _positive
 
 STATE_VERSION = 1
 
@@ -52,7 +56,8 @@ class PackedBatchStream:
             raise TypeError(f"data must be a FlatTokensSplit or a Blend, got {type(data).__name__}")
         self.data = data
         self.length, self.batch_size = _positive(length), _count(batch_size, "batch_size")
-        self.rank, self.world_size, self.rows = _rank_rows(self.batch_size, rank, world_size)
+        self.lanes = host_rows(self.batch_size, rank, world_size)  # this host's rows of every global batch
+        self.rank, self.world_size, self.rows = operator.index(rank), operator.index(world_size), len(self.lanes)
         self.seed, self.epochs = seed, epochs
         self.options = {"segments": bool(segments), "sources": bool(sources), "block_tokens": block_tokens,
                         "buffer_blocks": buffer_blocks}
@@ -64,16 +69,15 @@ class PackedBatchStream:
         """Steps first, first + every, ... of this host's stream (a generator: reads when iterated)."""
         o = self.options
         if isinstance(self.data, Blend):
-            orders = self.data._orders(self.length, o["block_tokens"], o["buffer_blocks"], self.rank, self.world_size)
+            orders = self.data._orders(self.length, self.batch_size, o["block_tokens"], o["buffer_blocks"])
             if len(self.data.splits) >= 1 << 16 and o["sources"]:
                 raise ValueError("sources are uint16: at most 65,535 splits")
-            return self.data._batches(orders, self.length, self.rows, first, o["segments"], o["sources"], every)
+            return self.data._batches(orders, self.length, self.lanes, first, o["segments"], o["sources"], every)
         if o["sources"]:
             self.data._need_sources()
         epochs = None if self.epochs is None else _count(self.epochs, "epochs", 0)
-        order = self.data._window_order(self.length, self.seed, o["block_tokens"], o["buffer_blocks"], self.rank,
-                                        self.world_size)
-        return self.data._packed_batches(order, self.length, self.rows, first, epochs, o["segments"], o["sources"],
+        order = self.data._batch_order(self.length, self.batch_size, self.seed, o["block_tokens"], o["buffer_blocks"])
+        return self.data._packed_batches(order, self.length, self.lanes, first, epochs, o["segments"], o["sources"],
                                          every)
 
     def batches(self, worker: int = 0, num_workers: int = 1) -> Iterator:
@@ -132,8 +136,9 @@ class PackedBatchStream:
             what = {"blend": [f"{s.url}:{s.split}" for s in data.splits], "weights": data.weights, "seed": data.seed}
         else:
             what = {"split": f"{data.url}:{data.split}", "seed": self.seed, "epochs": self.epochs}
-        return {**what, "length": self.length, "batch_size": self.batch_size, "rank": self.rank,
-                "world_size": self.world_size, **self.options}
+        # Not rank or world_size: the step is the global batch's, so a state resumes on any
+        # number of hosts (every host loads the state of one of them, or its own).
+        return {**what, "length": self.length, "batch_size": self.batch_size, **self.options}
 
     def __repr__(self) -> str:
         return (f"PackedBatchStream({self.data!r}, {self.length}, {self.batch_size}, rank {self.rank} of "

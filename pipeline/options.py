@@ -90,8 +90,9 @@ _LAUNCHER_ONLY = "launcher logging only; a Dataflow job's progress and logs are 
 OPTIONS: tuple[Option, ...] = (
     # input
     Option(name="input", group="input", repeatable=True, default_text=REQUIRED_UNLESS_MIXTURE,
-           help="JSONL or Parquet file, directory or glob (local, gs://, any fsspec URL; .gz/.zst by "
-                "extension; *.parquet/*.pq read by row group). Example: --input 'gs://bucket/corpus/*.jsonl.zst'",
+           help="JSONL or Parquet file, directory or glob (local, gs://, any fsspec URL; .gz/.zst/.bz2/.xz "
+                "decompressed by extension; *.parquet/*.pq read by row group). "
+                "Example: --input 'gs://bucket/corpus/*.jsonl.zst'",
            template=Template("Input JSONL or Parquet files", "gcs_read", example="gs://my-bucket/corpus/*.jsonl.zst",
                              help="JSONL or Parquet file, folder or glob on Cloud Storage; .gz and .zst are "
                                   "decompressed by extension, *.parquet read by row group. One value: for more "
@@ -476,6 +477,19 @@ def unknown_option_message(argv: list[str], unknown: str) -> str:
         close = difflib.get_close_matches(name, known, n=1, cutoff=0.8)
         guess = close[0] if close else None
     return f"unknown option {name}" + (f"; did you mean {guess}?" if guess else "") + " See --help"
+
+
+def option_value_error(argv: list[str]) -> str | None:
+    """The first value of one of this job's options that argparse would refuse (a choice it
+    does not offer, a number that is not one), said in one line as an unknown option is; None
+    when every value parses. Beam's parser would print its whole usage block first."""
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)
+    FlatTokensOptions._add_argparse_args(parser)
+    try:
+        parser.parse_known_args(argv)
+    except argparse.ArgumentError as e:
+        return f"{e.argument_name}: {e.message}; see --help"
+    return None
 
 
 def help_text() -> str:

@@ -34,12 +34,12 @@ sequential and epoch-wise reading go through iterators that read chunk-aligned b
 few MB, each chunk once. ``for ids in split`` (or ``iter_sequences(start, stop)``,
 ``iter_encoded``) yields every sequence whole, however many chunks or blocks it spans.
 ``packed_batches(L, B, seed=, start_step=)`` yields shuffled (inputs, targets) batches of
-full windows, as seqax's ShufflingLoader does: contiguous blocks of windows, a seeded
-permutation of the blocks, shuffle buffers of many blocks whose windows are permuted again.
-Every permutation is keyed by (seed, epoch, buffer) alone, so batch k is a pure function of
-(seed, k) and ``start_step=k`` resumes at batch k without reading what comes before it. The
-stream runs epoch after epoch (each epoch every full window exactly once, reshuffled) unless
-``epochs=`` ends it; see packed_batches for the details.
+full windows: contiguous blocks of windows in a seeded permutation, each row of the batch a
+lane that serves its own slice of them in a seeded order (pipeline/batch_order.py). Every
+permutation is keyed by (seed, epoch, piece, lane) alone, so batch k is a pure function of
+(seed, k), whatever the number of hosts, and ``start_step=k`` resumes at batch k without
+reading what comes before it. The stream runs epoch after epoch (each epoch every full window
+at most once, reshuffled) unless ``epochs=`` ends it; see packed_batches for the details.
 
 Decoded token ids are returned as int32 (the format bounds ids by 2**31 - 1).
 
@@ -65,6 +65,7 @@ import numpy as np
 import zarr
 
 from pipeline import read_guard, served_checks, verify
+from pipeline.batch_order import BatchOrder, Piece, host_rows
 from pipeline.read_guard import CorruptChunk, DatasetError, DatasetReplaced, MissingChunk, RunGuard  # noqa: F401 (API)
 from pipeline.served_checks import InconsistentData  # noqa: F401 (API)
 from transforms.write import chunk_checksums
@@ -83,6 +84,7 @@ STARTS_READ = 1 << 18  # 2 MB of seq_starts
 BLOCK_TOKENS = 1 << 20
 BUFFER_BLOCKS = 32
 READ_THREADS = 4  # concurrent block reads while a shuffle buffer loads (object stores: latency)
+SPAN = 16  # steps gathered at a time, lane by lane, by packed_batches
 
 
 class UncommittedDataset(DatasetError):
@@ -209,104 +211,78 @@ def _read_unit(arr: zarr.Array, items: int) -> int:
     return _round_up(max(1, items), max(1, int(arr.chunks[0])))
 
 
-# Purposes of the permutations packed_batches draws (the first word of their keys).
-_BLOCK_ORDER, _WINDOW_ORDER = 1, 2
+class _LanePiece:
+    """One piece of one lane (BatchOrder.piece_at): its rows, read by background futures (only
+    those a served step needs), and with `sources` each token's source id beside them."""
 
+    def __init__(self, piece: Piece, rows: np.ndarray, sources: np.ndarray | None, reads: list[Future]):
+        self.first, self.end, self.serving = piece.first, piece.end, piece.serving
+        self.rows, self.sources, self._reads = rows, sources, reads
 
-def _permutation(n: int, key: tuple[int, ...]) -> np.ndarray:
-    """A permutation of range(n) that is a pure function of `key` (non-negative ints).
-
-    The order of PCG64's raw 64-bit output seeded with SeedSequence(key), ties broken by index.
-    It relies on the SeedSequence and PCG64 algorithms only, not on a Generator method (which
-    numpy may change between versions, NEP 19), so a run resumed under another numpy serves
-    the same batches. Keys have 4+ words: SeedSequence pads shorter ones with zeros, which would
-    make (a, b) and (a, b, 0) the same key."""
-    raw = np.random.PCG64(np.random.SeedSequence(list(key))).random_raw(n)
-    return np.argsort(raw, kind="stable")
-
-
-class _WindowOrder:
-    """The order in which packed_batches serves full windows to host `rank` of `world_size`: a
-    pure function of (num_windows, block_windows, buffer_blocks, seed, rank, world_size), never
-    of the storage's chunking.
-
-    Epoch e: the windows are cut into contiguous blocks of `block_windows` (the last one may be
-    shorter), the blocks are permuted (key: block order, e, seed), and that sequence of windows
-    (block after block) is cut into shuffle buffers of `buffer_blocks` blocks; buffer b has a
-    permutation of its windows (key: window order, e, b, seed). None of this depends on the
-    world size. Host `rank` takes the share [rank*m, (rank+1)*m) of that sequence, m =
-    num_windows // world_size (the num_windows % world_size windows at its end sit out epoch
-    e), and serves it buffer by buffer, each buffer's windows in its permutation's order (those
-    of a buffer cut by the share's ends in the order the permutation gives them). So a host
-    reads only its share, about 1/world_size of the split, the shares of an epoch together hold
-    each of its windows at most once, with world_size 1 the share is the whole epoch, and any
-    position of a host's stream (epoch 0's share, then epoch 1's, ...) is found without
-    reading earlier buffers."""
-
-    def __init__(self, num_windows: int, block_windows: int, buffer_blocks: int, seed: int, rank: int = 0,
-                 world_size: int = 1):
-        self.num_windows = num_windows
-        self.block_windows = block_windows
-        self.buffer_blocks = buffer_blocks
-        self.seed = seed
-        self.rank, self.world_size = rank, world_size
-        self.share = num_windows // world_size  # windows this host serves per epoch
-        self.num_blocks = -(-num_windows // block_windows)
-        self._epoch: tuple | None = None  # (e, blocks in order, buffer starts): the last epoch used
-
-    def _plan(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
-        if self._epoch is None or self._epoch[0] != epoch:
-            if not 0 <= epoch < 1 << 32:
-                raise OverflowError(f"epoch {epoch} out of range")
-            blocks = _permutation(self.num_blocks, (_BLOCK_ORDER, epoch, 0, self.seed))
-            sizes = np.minimum(self.block_windows, self.num_windows - blocks * self.block_windows)
-            ends = np.concatenate([[0], np.cumsum(sizes)])
-            starts = ends[list(range(0, self.num_blocks, self.buffer_blocks)) + [self.num_blocks]]
-            self._epoch = (epoch, blocks, starts)
-        return self._epoch[1], self._epoch[2]
-
-    def buffer_at(self, position: int) -> tuple[int, int, list[tuple[int, int]], np.ndarray]:
-        """The shuffle buffer (or the part of one in this host's share) serving position
-        `position` of this host's stream: (its first position, its end, its runs of consecutive
-        windows as (first window, windows) in row order, the rows in serving order)."""
-        epoch, q = divmod(position, self.share)
-        blocks, starts = self._plan(epoch)
-        offset = self.rank * self.share  # of this host's share in the epoch's sequence
-        b = int(np.searchsorted(starts, offset + q, "right")) - 1
-        lo = max(int(starts[b]), offset) - int(starts[b])  # the share's rows of buffer b: [lo, hi)
-        hi = min(int(starts[b + 1]), offset + self.share) - int(starts[b])
-        ranges, row = [], 0
-        for k in blocks[b * self.buffer_blocks:(b + 1) * self.buffer_blocks].tolist():
-            count = min(self.block_windows, self.num_windows - k * self.block_windows)
-            a, z = max(row, lo), min(row + count, hi)
-            if a < z:
-                ranges.append((k * self.block_windows + a - row, z - a))
-            row += count
-        serving = _permutation(int(starts[b + 1] - starts[b]), (_WINDOW_ORDER, epoch, b, self.seed))
-        if (lo, hi) != (0, serving.size):
-            serving = serving[(serving >= lo) & (serving < hi)] - lo
-        first = epoch * self.share + int(starts[b]) + lo - offset
-        return first, first + hi - lo, ranges, serving
-
-
-class _ShuffleBuffer:
-    """One shuffle buffer: stream positions [first, end), its windows as rows read by
-    background futures (only the blocks holding a row this host serves), served in `order`;
-    with `sources`, each token's source id beside them."""
-
-    def __init__(self, first: int, end: int, rows: np.ndarray, sources: np.ndarray | None, reads: list[Future],
-                 order: np.ndarray):
-        self.first, self.end, self.rows, self.sources, self.order = first, end, rows, sources, order
-        self._reads = reads
-
-    def windows(self, position: int, count: int) -> tuple[np.ndarray, np.ndarray | None]:
-        """The encoded windows at stream positions [position, position + count) and their
-        tokens' sources (or None): copies."""
+    def windows(self, steps: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """The encoded windows served at `steps` (all in this piece) and their tokens' sources
+        (or None): copies."""
         while self._reads:
             self._reads.pop().result()  # waits for the read; re-raises its error here
-        k = position - self.first
-        rows = self.order[k:k + count]
+        rows = self.serving[steps - self.first]
         return self.rows[rows], None if self.sources is None else self.sources[rows]
+
+
+def serves_steps(start: int, every: int = 1):
+    """wanted(first, end) for a process that serves the steps start, start + every, ...: a mask
+    over the steps [first, end), true where the step is served (LaneStream reads only those)."""
+    def wanted(first: int, end: int) -> np.ndarray:
+        steps = np.arange(first, end, dtype=np.int64)
+        return (steps >= start) & ((steps - start) % every == 0)
+    return wanted
+
+
+class LaneStream:
+    """One lane of a split's BatchOrder (one row of every global batch), served by step as steps
+    rise, read piece by piece (the next piece in the background, by `pool`). `wanted`
+    (serves_steps) marks the steps this process serves: only their windows are read. Used by
+    FlatTokensSplit.packed_batches and by pipeline.blend."""
+
+    def __init__(self, split: "FlatTokensSplit", order: BatchOrder, lane: int, length: int,
+                 pool: ThreadPoolExecutor, with_sources: bool = False, total: int | None = None, wanted=None):
+        self._split, self._order, self._lane, self._length, self._pool = split, order, lane, length, pool
+        self._with_sources, self._total, self._wanted = with_sources, total, wanted
+        self._current = self._upcoming = None
+
+    def _start(self, step: int) -> _LanePiece:
+        return self._split._read_piece(self._order.piece_at(self._lane, step), self._length, self._pool,
+                                       self._with_sources, self._wanted)
+
+    def start(self, step: int) -> None:
+        """Starts reading the piece that serves `step` (so that every lane's first read is queued
+        before any lane's next one)."""
+        if self._current is None or not self._current.first <= step < self._current.end:
+            self._current, self._upcoming = self._start(step), None
+
+    def windows(self, steps: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """The encoded windows this lane serves at `steps` (rising) and their tokens' sources (or
+        None)."""
+        pieces, sources, i = [], [], 0
+        while i < steps.size:
+            step = int(steps[i])
+            if self._current is None or not self._current.first <= step < self._current.end:
+                upcoming = self._upcoming
+                self._current = (upcoming if upcoming is not None and upcoming.first <= step < upcoming.end
+                                 else self._start(step))
+                self._upcoming = None
+            j = i + int(np.searchsorted(steps[i:], self._current.end))
+            windows, window_sources = self._current.windows(steps[i:j])
+            pieces.append(windows)
+            sources.append(window_sources)
+            i = j
+            if self._upcoming is None and (self._total is None or self._current.end < self._total):
+                self._upcoming = self._start(self._current.end)  # read in the background
+        if len(pieces) == 1:
+            return pieces[0], sources[0]
+        if not pieces:
+            return (np.empty((0, self._length), np.uint32),
+                    np.empty((0, self._length), np.uint16) if self._with_sources else None)
+        return np.concatenate(pieces), None if sources[0] is None else np.concatenate(sources)
 
 
 def _ids_of(blocks: Iterator[tuple[np.ndarray, np.ndarray]], encoded: bool) -> Iterator[np.ndarray]:
@@ -605,102 +581,107 @@ class FlatTokensSplit:
         """Shuffled batches of full windows: (inputs, targets), int32 of shape
         (batch_size / world_size, length).
 
-        The windows form a stream: epoch 0, then epoch 1, ...; each epoch holds every full window
-        (``num_windows(length)``) exactly once, in an order drawn from (seed, epoch). Batch k is
-        stream positions [k*batch_size, (k+1)*batch_size): a pure function of (seed, k) and the
-        arguments, so ``start_step=k`` resumes exactly at batch k without reading what precedes
-        it. With ``epochs=None`` the stream never ends and every batch is full (a batch may hold
-        the end of one epoch and the start of the next); with ``epochs=n`` it ends after n
-        epochs, and its last batch is smaller when n * num_windows is not a multiple of
-        batch_size. A split with no full window raises ValueError.
+        Global batch k is a pure function of (seed, k) and the arguments other than rank and
+        world_size: row j of every batch is lane j's window (pipeline/batch_order.py). Each
+        epoch the m = num_windows // batch_size windows of lane j are the slice [j*m, (j+1)*m)
+        of the epoch's shuffled sequence of blocks (the num_windows % batch_size left over sit
+        out that epoch, a different few each epoch), served in a seeded order; an epoch is m
+        steps, and every batch is full. ``start_step=k`` resumes exactly at batch k without
+        reading what precedes it. With ``epochs=None`` the stream never ends; ``epochs=n`` ends
+        it after n * m steps. A split with fewer full windows than batch_size raises ValueError.
 
-        Data parallel hosts: ``world_size=w`` (which must divide batch_size) gives each epoch's
-        windows to the w hosts in equal shares of m = num_windows // w (the num_windows % w left
-        over sit out that epoch: a different few each epoch), and host ``rank`` serves its share
-        as a stream of its own, in batches of batch_size / w rows: epoch 0's share, epoch 1's,
-        ... (see _WindowOrder). So a host reads about 1/w of the split per epoch; global batch
-        k, the hosts' batches k together, is a pure function of (seed, k, w); every host yields
-        the same number of batches, and resumes with ``start_step`` alone. world_size=1 is the
-        single-host stream. A job that resumes at step k with another world size serves, from
-        there, the new hosts' streams at step k: the epoch holding step k is then served in part
-        twice and in part not at all (at most once more, at most once less), and the epochs
-        after it as a fresh run with the new world size serves them.
+        Data parallel hosts: ``rank=r, world_size=w`` (w must divide batch_size; ValueError
+        naming the nearest world sizes that do) serves the rows [r*B/w, (r+1)*B/w) of every
+        global batch, B = batch_size: lanes whose slices together are a contiguous 1/w of each
+        epoch, so a host reads about 1/w of the split per epoch. The hosts' rows at step k,
+        concatenated by rank, are the single-host batch k for every such w, so a job resumed at
+        step k on another number of hosts continues the same global stream exactly.
 
         ``segments=True`` and ``sources=True`` make each batch a Batch with segment_ids and
         positions (see `segments`), or each token's source id (datasets written with
         --record_sources), beside inputs and targets.
 
-        Reads are contiguous blocks of about `block_tokens` tokens (whole windows); a shuffle
-        buffer of `buffer_blocks` blocks drawn from the whole split is read at once (the next one
-        in the background while this one is served) and its windows shuffled. Memory: about two
-        buffers, 2 * 4 * block_tokens * buffer_blocks bytes (256 MB by default; half as much
-        again with sources). The order depends on block_tokens and buffer_blocks: resume with
-        the same values."""
+        Reads are contiguous runs of whole windows inside blocks of about `block_tokens` tokens;
+        each lane holds a piece of max(1, buffer_blocks // batch_size) blocks at a time, and
+        reads its next one in the background. Memory: about 2 * 4 * block_tokens *
+        max(buffer_blocks, batch_size) / world_size bytes (256 MB with the defaults and
+        batch_size <= 32 on one host). The order depends on block_tokens and buffer_blocks:
+        resume with the same values."""
         length = _positive(length)
         batch_size = _count(batch_size, "batch_size")
         start_step = _count(start_step, "start_step", 0)
-        rank, world_size, rows = _rank_rows(batch_size, rank, world_size)
+        lanes = host_rows(batch_size, rank, world_size)
         if sources:
             self._need_sources()
         if epochs is not None:
             epochs = _count(epochs, "epochs", 0)
-        order = self._window_order(length, seed, block_tokens, buffer_blocks, rank, world_size)
-        return self._packed_batches(order, length, rows, start_step, epochs, segments, sources)
+        order = self._batch_order(length, batch_size, seed, block_tokens, buffer_blocks)
+        return self._packed_batches(order, length, lanes, start_step, epochs, segments, sources)
 
-    def _window_order(self, length: int, seed, block_tokens, buffer_blocks, rank: int = 0,
-                      world_size: int = 1) -> "_WindowOrder":
-        """The window order of packed_batches; ValueError when a host would get no window."""
+    def _batch_order(self, length: int, batch_size: int, seed, block_tokens, buffer_blocks) -> BatchOrder:
+        """The window order of packed_batches; ValueError when a lane would get no window."""
         seed = _count(seed, "seed", 0)
         if seed >= 1 << 64:
             raise ValueError(f"seed must be < 2**64, got {seed}")
         n = self.num_windows(length)
-        if n < world_size:
+        if n < batch_size:
             held = f"holds no full window of {length} tokens" if n == 0 else \
-                f"holds {n} full windows of {length} tokens, fewer than world_size {world_size}"
+                f"holds {n} full windows of {length} tokens, fewer than batch_size {batch_size}"
             raise ValueError(f"{self.url}:{self.split} {held} ({self.num_tokens} tokens): there is nothing to "
-                             f"serve{'' if n == 0 else ' to every host'}")
-        return _WindowOrder(n, max(1, _count(block_tokens, "block_tokens") // length),
-                            _count(buffer_blocks, "buffer_blocks"), seed, rank, world_size)
+                             f"serve{'' if n == 0 else ' to every row of a batch'}")
+        lane_blocks = max(1, _count(buffer_blocks, "buffer_blocks") // batch_size)
+        return BatchOrder(n, batch_size, max(1, _count(block_tokens, "block_tokens") // length), lane_blocks, seed)
 
-    def _packed_batches(self, order: _WindowOrder, length: int, rows: int, start_step: int, epochs: int | None,
+    def _packed_batches(self, order: BatchOrder, length: int, lanes: range, start_step: int, epochs: int | None,
                         with_segments: bool, with_sources: bool, every: int = 1) -> Iterator:
-        """This host's batches of `rows` windows: steps start_step, start_step + every, ... (a
-        DataLoader worker serves every `every`-th step, and reads only the blocks they hold)."""
-        total = None if epochs is None else epochs * order.share  # positions of this host's stream
-        wanted = None if every == 1 else _serves_steps(rows, start_step % every, every)
+        """This host's batches (rows `lanes` of the global ones): steps start_step, start_step +
+        every, ... (a DataLoader worker serves every `every`-th step, and reads only their windows)."""
+        total = None if epochs is None else epochs * order.per_lane  # steps of the stream
         pool = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="flat-tokens-read")
         try:
-            stream = _WindowStream(self, order, length, pool, with_sources, total, wanted)
+            streams = [LaneStream(self, order, j, length, pool, with_sources, total, serves_steps(start_step, every))
+                       for j in lanes]
+            if total is None or start_step < total:
+                for stream in streams:
+                    stream.start(start_step)
             step = start_step
-            while total is None or step * rows < total:
-                first, stop = step * rows, (step + 1) * rows
+            while total is None or step < total:
+                # SPAN steps at a time, lane by lane (one gather per lane, not one per window).
+                steps = step + every * np.arange(SPAN, dtype=np.int64)
                 if total is not None:
-                    stop = min(stop, total)
-                windows, token_sources = stream.take(first, stop)
-                yield _batch(windows, token_sources, with_segments)
-                step += every
+                    steps = steps[steps < total]
+                windows = np.empty((steps.size, len(streams), length), np.uint32)
+                token_sources = np.empty(windows.shape, np.uint16) if with_sources else None
+                for row, stream in enumerate(streams):
+                    windows[:, row], lane_sources = stream.windows(steps)
+                    if with_sources:
+                        token_sources[:, row] = lane_sources
+                for t in range(steps.size):
+                    yield _batch(windows[t], None if token_sources is None else token_sources[t], with_segments)
+                step += every * steps.size
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
 
-    def _start_buffer(self, order: _WindowOrder, position: int, length: int, pool: ThreadPoolExecutor,
-                      with_sources: bool = False, wanted=None) -> _ShuffleBuffer:
-        """The shuffle buffer holding stream position `position`, its blocks read by `pool`:
-        those holding a window served at one of the positions `wanted(first, end)` marks."""
-        first, end, ranges, serving = order.buffer_at(position)
-        rows = np.empty((end - first, length), np.uint32)
-        token_sources = np.empty((end - first, length), np.uint16) if with_sources else None
-        needed = None
+    def _read_piece(self, piece: Piece, length: int, pool: ThreadPoolExecutor, with_sources: bool = False,
+                    wanted=None) -> _LanePiece:
+        """A lane's piece, its windows read by `pool`: of each run, the span from the first to the
+        last row served at a step `wanted(first, end)` marks (all of them without `wanted`)."""
+        size = piece.end - piece.first
+        rows = np.empty((size, length), np.uint32)
+        token_sources = np.empty((size, length), np.uint16) if with_sources else None
+        needed = np.ones(size, bool)
         if wanted is not None:
-            needed = np.zeros(end - first, bool)
-            needed[serving[wanted(first, end)]] = True
+            needed[:] = False
+            needed[piece.serving[wanted(piece.first, piece.end)]] = True
         reads, row, firsts = [], 0, {}
-        for window, count in ranges:
-            if needed is None or needed[row:row + count].any():
-                out_sources = None if token_sources is None else token_sources[row:row + count]
-                reads.append(pool.submit(self._read_windows, rows[row:row + count], window, length,
-                                         out_sources, firsts))
+        for window, count in piece.runs:
+            used = np.flatnonzero(needed[row:row + count])
+            if used.size:
+                a, z = row + int(used[0]), row + int(used[-1]) + 1
+                out_sources = None if token_sources is None else token_sources[a:z]
+                reads.append(pool.submit(self._read_windows, rows[a:z], window + a - row, length, out_sources, firsts))
             row += count
-        return _ShuffleBuffer(first, end, rows, token_sources, reads, serving)
+        return _LanePiece(piece, rows, token_sources, reads)
 
     def _read_windows(self, out: np.ndarray, window: int, length: int, out_sources: np.ndarray | None = None,
                       firsts: dict | None = None) -> None:
@@ -711,66 +692,6 @@ class FlatTokensSplit:
         if out_sources is not None:
             out_sources[...] = self._token_sources(flat, window * length, firsts).reshape(out.shape)
         self._guard.check()
-
-
-def _rank_rows(batch_size: int, rank, world_size) -> tuple[int, int, int]:
-    """(rank, world_size, the rows of each of this host's batches), checked."""
-    world_size = _count(world_size, "world_size")
-    rank = _count(rank, "rank", 0)
-    if rank >= world_size:
-        raise ValueError(f"rank must be in [0, world_size) = [0, {world_size}), got {rank}")
-    if batch_size % world_size:
-        raise ValueError(f"batch_size {batch_size} is not divisible by world_size {world_size}: every host "
-                         f"must get the same number of rows")
-    return rank, world_size, batch_size // world_size
-
-
-def _serves_steps(rows: int, phase: int, every: int):
-    """wanted(first, end) for a stream of `rows`-window batches of which every `every`-th step
-    is served, from step `phase` on: a mask over the positions [first, end), true where the
-    position's step is served."""
-    def wanted(first: int, end: int) -> np.ndarray:
-        step = np.arange(first, end, dtype=np.int64) // rows
-        return step % every == phase
-    return wanted
-
-
-class _WindowStream:
-    """A split's full windows in their stream order (_WindowOrder), served by position, read
-    shuffle buffer by shuffle buffer (the next one in the background)."""
-
-    def __init__(self, split: FlatTokensSplit, order: _WindowOrder, length: int, pool: ThreadPoolExecutor,
-                 with_sources: bool, total: int | None = None, wanted=None):
-        self._split, self._order, self._length, self._pool = split, order, length, pool
-        self._with_sources, self._total, self._wanted = with_sources, total, wanted
-        self._current = self._upcoming = None
-
-    def _start(self, position: int) -> _ShuffleBuffer:
-        return self._split._start_buffer(self._order, position, self._length, self._pool, self._with_sources,
-                                         self._wanted)
-
-    def take(self, position: int, stop: int) -> tuple[np.ndarray, np.ndarray | None]:
-        """The encoded windows at stream positions [position, stop), and their tokens' sources."""
-        pieces, sources = [], []
-        while position < stop:
-            current, upcoming = self._current, self._upcoming
-            if current is None or not current.first <= position < current.end:
-                current = (upcoming if upcoming is not None and upcoming.first <= position < upcoming.end
-                           else self._start(position))
-                upcoming = (self._start(current.end) if self._total is None or current.end < self._total
-                            else None)
-                self._current, self._upcoming = current, upcoming
-            take = min(stop, current.end) - position
-            windows, window_sources = current.windows(position, take)
-            pieces.append(windows)
-            sources.append(window_sources)
-            position += take
-        if not pieces:
-            return (np.empty((0, self._length), np.uint32),
-                    np.empty((0, self._length), np.uint16) if self._with_sources else None)
-        if len(pieces) == 1:
-            return pieces[0], sources[0]
-        return np.concatenate(pieces), None if sources[0] is None else np.concatenate(sources)
 
 
 def open_dataset(url: str, storage_options: dict | None = None) -> dict[str, FlatTokensSplit]:

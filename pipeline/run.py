@@ -34,7 +34,7 @@ from pipeline.environment import worker_environment, workers_see_launcher_disk
 from pipeline.plan import plan_job
 from pipeline.write_memory import check_write_memory
 from pipeline.options import (FlatTokensOptions, OptionError, ViewsMadeOnce, check_options, help_text,
-                              unknown_option_message, unknown_options)
+                              option_value_error, unknown_option_message, unknown_options)
 from transforms.write import zarr_store
 from transforms.write.object_trees import tree_size
 from transforms.read.inputs import InputError
@@ -384,6 +384,9 @@ def main(argv=None) -> int:
     if "--version" in argv:
         print(VERSION)
         return 0
+    problem = option_value_error(argv)  # before Beam's parser, which would print its usage block
+    if problem:
+        return _fail(problem, USAGE_ERROR)
     options = ViewsMadeOnce(argv)
     ft = options.view_as(FlatTokensOptions)
     logs.configure("verbose" if ft.verbose else "quiet" if ft.quiet else "info")

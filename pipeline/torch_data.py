@@ -8,11 +8,13 @@
     loader = DataLoader(data, batch_size=None, num_workers=2)    # whole batches: batch_size=None
     for inputs, targets in loader: ...                            # (32 / world_size, 2048) int32 tensors
 
-With num_workers=K, worker j serves steps j, j+K, ... and the loader takes one batch from each
-worker in turn, so it yields this host's stream exactly (the ranks' streams together: every
-window of an epoch at most once). `state_dict()`/`load_state_dict()` follow torchdata's
-StatefulDataLoader, which saves and restores them per worker; with a plain DataLoader, resume
-with `start_step=` (the steps your checkpoint counted).
+With num_workers=K, worker j serves steps j, j+K, ... (reading only their windows: about 1/K
+of the host's share for K = 1, 2, 4, 8) and the loader takes one batch from each worker in
+turn, so it yields this host's rows of the global batches exactly (the ranks' rows together:
+the single-host batches, whatever the world size). `state_dict()`/`load_state_dict()` follow
+torchdata's StatefulDataLoader, which saves and restores them per worker; with a plain
+DataLoader, resume with `start_step=` (the steps your checkpoint counted), on any number of
+hosts.
 """
 from __future__ import annotations
 

@@ -47,54 +47,63 @@ def rows(batches):
 
 
 @pytest.mark.slow
-def test_windows_follow_the_weights_in_every_prefix(splits):
-    weights = [5, 3, 2]
+def test_windows_follow_the_weights_in_every_lane_and_batch(splits):
+    """Row j of batch k takes the split Megatron's rule chooses at position k + j: each row's
+    (lane's) windows, and each batch's rows, hold every split's share."""
+    weights, batch, steps = [5, 3, 2], 16, 30
     blend = Blend(splits, weights, seed=4)
-    batches = [b for _, b in zip(range(30), blend.packed_batches(LENGTH, 16, sources=True, **SIZES))]
-    assert all(isinstance(b, Batch) and b.targets.shape == (16, LENGTH) for b in batches)
-    _, chosen = rows(batches)
-    assert chosen.tolist() == reference_choices(weights, chosen.size)
-    counts = np.cumsum(np.eye(3, dtype=np.int64)[chosen], axis=0)
-    share = np.arange(1, chosen.size + 1)[:, None] * (np.array(weights) / 10)
-    assert np.abs(counts - share).max() < 2  # every prefix: within two windows of each weight's share
-    assert blend.counts(chosen.size) == counts[-1].tolist()
+    batches = [b for _, b in zip(range(steps), blend.packed_batches(LENGTH, batch, sources=True, **SIZES))]
+    assert all(isinstance(b, Batch) and b.targets.shape == (batch, LENGTH) for b in batches)
+    reference = reference_choices(weights, steps + batch)
+    chosen = np.array([b.sources[:, 0] for b in batches])  # (step, row)
+    assert chosen.tolist() == [reference[k:k + batch] for k in range(steps)]
+    share = np.array(weights) / 10
+    for j in range(batch):  # every prefix of every lane: within a few windows of each weight's share
+        counts = np.cumsum(np.eye(3, dtype=np.int64)[chosen[:, j]], axis=0)
+        assert np.abs(counts - np.arange(1, steps + 1)[:, None] * share).max() < 3
+    per_batch = np.array([np.bincount(row, minlength=3) for row in chosen])
+    assert np.abs(per_batch - batch * share).max() < 3  # and every batch
+    assert blend.counts(steps + batch) == np.bincount(reference, minlength=3).tolist()
     assert (batches[0].sources == batches[0].sources[:, :1]).all()  # a row's tokens share its split
 
 
 def test_each_split_gives_its_own_stream_restarting_its_epochs(splits):
+    """Lane j's windows from split i are split i's own lane j (row j of its packed_batches with
+    the split's seed), in order, epoch after epoch."""
+    batch, steps = 16, 30
     blend = Blend(splits, [5, 3, 2], seed=4)
-    targets, chosen = rows([b for _, b in zip(range(30), blend.packed_batches(LENGTH, 16, sources=True, **SIZES))])
+    batches = [b for _, b in zip(range(steps), blend.packed_batches(LENGTH, batch, sources=True, **SIZES))]
+    targets = np.stack([b.targets for b in batches])  # (step, row, LENGTH)
+    chosen = np.array([b.sources[:, 0] for b in batches])
     for i, split in enumerate(splits):
-        mine = targets[chosen == i]
-        own = split.packed_batches(LENGTH, 1, seed=source_seed(4, i), **SIZES)
-        want = np.concatenate([next(own)[1] for _ in range(len(mine))])
-        assert np.array_equal(mine, want)
-    small = splits[2].num_windows(LENGTH)
-    assert (chosen == 2).sum() > small  # the validation split ran out, and restarted its epoch
+        stream = split.packed_batches(LENGTH, batch, seed=source_seed(4, i), **SIZES)
+        own = [b[1] for _, b in zip(range(steps), stream)]
+        for j in range(batch):
+            mine = targets[chosen[:, j] == i, j]
+            assert np.array_equal(mine, np.array([t[j] for t in own[:len(mine)]]).reshape(mine.shape))
+    small = splits[2].num_windows(LENGTH) // batch  # the validation split's windows per lane and epoch
+    assert (chosen == 2).sum(axis=0).max() > small  # a lane ran out of it, and restarted its epoch
 
 
 def test_resume_ranks_and_pickling(splits):
     blend = Blend(splits, [1, 1, 0.5], seed=7)
-    full = [b for _, b in zip(range(12), blend.packed_batches(LENGTH, 8, **SIZES))]
+    full = [b for _, b in zip(range(12), blend.packed_batches(LENGTH, 8, sources=True, **SIZES))]
     copy = pickle.loads(pickle.dumps(blend))
     for k in (1, 5, 11):
         inputs, targets = next(copy.packed_batches(LENGTH, 8, start_step=k, **SIZES))
         assert np.array_equal(inputs, full[k][0]) and np.array_equal(targets, full[k][1])
 
-    # Hosts: host r blends its own shares of the splits (their streams for rank r) by the same rule.
+    # Hosts: host r serves rows [2r, 2r + 2) of the same global batches, and resumes by step.
     hosts = [blend.packed_batches(LENGTH, 8, rank=r, world_size=4, segments=True, sources=True, **SIZES)
              for r in range(4)]
-    for r, host in enumerate(hosts):
-        got = [next(host) for _ in range(12)]
-        assert all(b.segment_ids.shape == (2, LENGTH) for b in got)
-        targets, chosen = rows(got)
-        assert chosen.tolist() == reference_choices([1, 1, 0.5], chosen.size)  # each host: the weights
-        for i, split in enumerate(splits):
-            own = split.packed_batches(LENGTH, 4, seed=source_seed(7, i), rank=r, world_size=4, **SIZES)
-            count = int((chosen == i).sum())
-            assert np.array_equal(targets[chosen == i], np.concatenate([next(own)[1] for _ in range(count)]))
+    got = [[next(host) for _ in range(12)] for host in hosts]
+    assert all(b.segment_ids.shape == (2, LENGTH) for g in got for b in g)
+    for k in range(12):
+        assert np.array_equal(np.concatenate([got[r][k].targets for r in range(4)]), full[k].targets)
+        assert np.array_equal(np.concatenate([got[r][k].sources for r in range(4)]), full[k].sources)
+    for r in range(4):
         again = next(copy.packed_batches(LENGTH, 8, start_step=9, rank=r, world_size=4, sources=True, **SIZES))
-        assert np.array_equal(again.targets, got[9].targets)
+        assert np.array_equal(again.targets, got[r][9].targets)
 
 
 def test_a_blend_refuses_bad_arguments(splits):

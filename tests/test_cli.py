@@ -258,6 +258,29 @@ def test_a_misspelt_option_is_refused_with_a_suggestion(tmp_path):
     assert "did you mean" not in refused(run_pipeline(*common, "--frobnicate", check=False))
 
 
+def test_a_bad_value_of_an_option_gets_one_line_as_a_misspelt_name_does(tmp_path):
+    """A value argparse refuses (a choice the option does not offer, a number that is not one):
+    one error line naming the option and what it takes, not argparse's whole usage block."""
+    common = ["--input", SAMPLE_FILES[0], *BYTES, "--output", tmp_path / "o.zarr"]
+    for args, said in ((["--dedup", "nearr"], "--dedup: invalid choice: 'nearr' (choose from 'none', 'exact', 'near')"),
+                       (["--near_hashes", "100"], "--near_hashes: invalid choice: 100 (choose from 64, 128, 256"),
+                       (["--near_hashes", "many"], "--near_hashes: invalid int value: 'many'")):
+        proc = run_pipeline(*common, *args, check=False)
+        assert said in refused(proc), proc.stderr
+        assert "usage:" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert not (tmp_path / "o.zarr").exists()
+
+
+def test_run_help_names_every_compression_the_inputs_decompress():
+    from transforms.read.inputs import COMPRESSED_SUFFIXES
+
+    proc = subprocess.run([sys.executable, "-m", "pipeline.run", "--help"], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+    text = " ".join(proc.stdout.split())
+    said = text[text.index("--input INPUT"):text.index("--text_key")]  # the option's own help
+    assert all(suffix in said for suffix in COMPRESSED_SUFFIXES if suffix != ".zstd"), said
+
+
 
 
 def test_verify_and_inspect_name_themselves_as_the_console_script_does():

@@ -2,13 +2,16 @@
 (interleaved worker by worker, they are the host's stream), its state for resuming, and the
 map-style source of sequences; on a dataset written by the real pipeline."""
 import pickle
+import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from pipeline.blend import Blend
 from pipeline.loaders import PackedBatchStream, SequenceSource
-from pipeline.reader import DatasetError
+from pipeline.reader import DatasetError, FlatTokensSplit
+from tests.helpers import run_pipeline
 
 LENGTH = 128
 SIZES = {"block_tokens": 4 * LENGTH, "buffer_blocks": 3}
@@ -128,3 +131,77 @@ def test_sequences_map_style(byte_splits):
     cut = SequenceSource(validation, max_length=5)
     assert all(cut[i].tolist() == validation.sequence(i).tolist()[:5] for i in range(10))
     assert source[0].dtype == np.int32
+
+
+class CountingReads:
+    """Stands in for encoded_tokens: counts the tokens each read asks for, and the stored
+    (compressed) bytes of the chunks it decompresses (what a worker downloads from gs://)."""
+
+    def __init__(self, arr, chunk_bytes):
+        self.arr, self.shape, self.chunks, self.chunk_bytes = arr, arr.shape, arr.chunks, chunk_bytes
+        self.tokens = self.bytes = 0
+        self._lock = threading.Lock()
+
+    def __getitem__(self, key):
+        c = self.chunks[0]
+        with self._lock:
+            self.tokens += key.stop - key.start
+            self.bytes += sum(self.chunk_bytes[i] for i in range(key.start // c, (key.stop - 1) // c + 1))
+        return self.arr[key]
+
+
+@pytest.fixture(scope="module")
+def small_chunks(tmp_path_factory, corpus):
+    """The corpus through the bytes tokenizer in 1024-token chunks: a few hundred chunks, so that
+    a lane's slice of an epoch is many chunks, as it is in a real dataset."""
+    out = tmp_path_factory.mktemp("chunks") / "bytes.zarr"
+    run_pipeline("--input", f"{corpus}/*.jsonl", "--output", out, "--tokenizer", "bytes",
+                 "--validation_fraction", "0", "--tokens_chunk_size", "1024")
+    return FlatTokensSplit(str(out))
+
+
+def test_two_workers_of_two_ranks_each_read_a_quarter_and_give_the_single_stream(small_chunks):
+    """2 ranks x 2 DataLoader workers: each of the four reads about 1/4 of the split in an epoch
+    (tokens asked, and stored bytes of the chunks decompressed), not its host's half, and the
+    loaders' batches, rank by rank, are the single-host stream."""
+    train, batch = small_chunks, 8
+    sizes = {"block_tokens": 8 * 1024, "buffer_blocks": 8}  # blocks of 8 whole chunks; one block a lane
+    store = Path(train.url) / "train" / "encoded_tokens"
+    chunk_bytes = {int(p.name): p.stat().st_size for p in store.rglob("*") if p.name.isdigit()}
+    total_bytes = sum(chunk_bytes.values())
+    single = list(train.packed_batches(LENGTH, batch, seed=2, epochs=1, **sizes))
+    assert len(single) > 30 and train.num_tokens > 16 * sizes["block_tokens"]  # several pieces a lane
+    hosts = []
+    for rank in range(2):
+        stream = PackedBatchStream(train, LENGTH, batch, seed=2, epochs=1, rank=rank, world_size=2, **sizes)
+        copies = [pickle.loads(pickle.dumps(stream)) for _ in range(2)]  # as the workers get it
+        spies = []
+        for copy in copies:
+            copy.data._tokens = spy = CountingReads(copy.data._tokens, chunk_bytes)
+            spies.append(spy)
+        hosts.append(like_a_data_loader([c.batches(j, 2) for j, c in enumerate(copies)], 10**6))
+        for spy in spies:
+            print(f"rank {rank}: a worker read {spy.tokens / train.num_tokens:.3f} of the tokens, "
+                  f"{spy.bytes / total_bytes:.3f} of the stored bytes")
+            assert spy.tokens <= 0.3 * train.num_tokens and spy.bytes <= 0.3 * total_bytes
+    assert len(hosts[0]) == len(hosts[1]) == len(single)
+    for k, (inputs, targets) in enumerate(single):
+        assert np.array_equal(np.concatenate([hosts[0][k][1], hosts[1][k][1]]), targets)
+        assert np.array_equal(np.concatenate([hosts[0][k][0], hosts[1][k][0]]), inputs)
+
+
+def test_a_state_saved_on_four_hosts_resumes_on_two(byte_splits):
+    """The state names the global step, not the world size: saved by a rank of 4, loaded by the
+    ranks of 2, the loaders continue the single-host stream."""
+    train = byte_splits["train"]
+    want = take(train.packed_batches(LENGTH, 8, seed=6, **SIZES), 10)
+    saved = PackedBatchStream(train, LENGTH, 8, seed=6, rank=3, world_size=4, **SIZES)
+    same(take(iter(saved), 4), [(i[6:], t[6:]) for i, t in want[:4]])
+    state = pickle.loads(pickle.dumps(saved.state_dict()))
+    resumed = []
+    for rank in range(2):
+        stream = PackedBatchStream(train, LENGTH, 8, seed=6, rank=rank, world_size=2, **SIZES)
+        stream.load_state_dict(state)
+        resumed.append(take(iter(stream), 6))
+    got = [tuple(np.concatenate([resumed[0][k][f], resumed[1][k][f]]) for f in range(2)) for k in range(6)]
+    same(got, want[4:])

@@ -20,6 +20,8 @@ from tests.helpers import REPO, run_pipeline
 CHUNK = 4096
 # Small blocks and buffers, so that packed_batches goes on reading while it is served.
 SMALL = {"block_tokens": 4 * 64, "buffer_blocks": 2}
+# Reads of batches go past what one gather of the reader holds (16 steps a lane, docs/reader.md),
+# so that a read after the change has to reach the store.
 
 
 def write(corpus, out, *extra):
@@ -77,7 +79,7 @@ def test_a_deleted_dataset_raises(dataset):
     next(sequences), next(batches)
     shutil.rmtree(dataset)
     for read in (lambda: train.sequence(0), lambda: train.packed(3, 64), lambda: list(sequences),
-                 lambda: [next(batches) for _ in range(10)], lambda: pickle.loads(pickle.dumps(train))):
+                 lambda: [next(batches) for _ in range(100)], lambda: pickle.loads(pickle.dumps(train))):
         with pytest.raises(DatasetError):
             read()
 
@@ -94,7 +96,7 @@ def test_a_dataset_replaced_by_overwrite_raises(dataset, corpus):
     assert (new.num_tokens, len(new)) == (train.num_tokens, len(train)) and new.run_id != train.run_id
     assert not np.array_equal(new.sequence(0), before)  # so zarr would read the new run's data silently
     for read in (lambda: train.sequence(0), lambda: train.packed(3, 64), lambda: train.packed_batch([1, 2], 64),
-                 lambda: list(sequences), lambda: [next(batches) for _ in range(10)],
+                 lambda: list(sequences), lambda: [next(batches) for _ in range(100)],
                  lambda: train.sequence_lengths(), lambda: pickle.loads(old_state)):
         with pytest.raises(DatasetReplaced, match=train.run_id):
             read()
@@ -114,7 +116,7 @@ state = pickle.dumps(split)
 print("opened", flush=True)
 sys.stdin.readline()  # the test changes the dataset meanwhile
 reads = {"sequence 0": lambda: split.sequence(0), "window 0": lambda: split.packed(0, 64),
-         "the open iteration": lambda: list(sequences), "every sequence": lambda: list(split), "batches": lambda: [next(batches) for _ in range(10)],
+         "the open iteration": lambda: list(sequences), "every sequence": lambda: list(split), "batches": lambda: [next(batches) for _ in range(100)],
          "unpickled": lambda: pickle.loads(state).sequence(len(split) - 1)}
 found = {}
 for name, read in reads.items():

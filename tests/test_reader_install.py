@@ -8,13 +8,14 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from pipeline.blend import Blend
 from pipeline.reader import open_dataset
-from tests.helpers import REPO, run_pipeline
+from tests.helpers import REPO, SAMPLE, run_pipeline
 
 TRAINER = """
 import json, sys
@@ -79,9 +80,9 @@ def reader_venv(tmp_path_factory):
     return venv / "bin"
 
 
-def in_venv(bin_dir, *args, cwd):
+def in_venv(bin_dir, *args, cwd, env=None):
     return subprocess.run([str(a) for a in args], cwd=cwd, capture_output=True, text=True, timeout=300,
-                          env={"PATH": f"{bin_dir}:/usr/bin:/bin"})
+                          env={"PATH": f"{bin_dir}:/usr/bin:/bin", **(env or {})})
 
 
 @pytest.mark.slow  # builds a virtual environment and installs into it
@@ -128,6 +129,37 @@ def test_the_reader_install_reports_a_bpe_dataset_as_token_ids(reader_venv, tmp_
     proc = in_venv(reader_venv, reader_venv / "flat-tokens", "report", out, "--html", html, "--tokenizer",
                    bpe_tokenizer, cwd=tmp_path)
     assert proc.returncode == 2 and proc.stderr.strip().endswith("needs tokenizers, which this environment lacks")
+
+
+@pytest.mark.slow  # builds a virtual environment and installs into it
+def test_inspect_in_the_reader_install_shows_ids_says_how_to_decode_and_decodes_with_tokenizers(reader_venv,
+                                                                                             tmp_path):
+    """A dataset tokenized with a tokenizer.json: the reader-only install has no `tokenizers`, so
+    `inspect` shows the token ids and says how to decode them (text and --json alike); with
+    `tokenizers` importable there, it decodes."""
+    out = tmp_path / "bpe.zarr"
+    run_pipeline("--input", SAMPLE / "corpus-1.jsonl", "--output", out, "--tokenizer", SAMPLE / "tokenizer.json",
+                 "--validation_fraction", "0")
+    first = open_dataset(str(out))["train"].sequence(0)
+    inspect = [reader_venv / "flat-tokens", "inspect", out, "--sequences", "1", "--max_chars", "0"]
+    text = in_venv(reader_venv, *inspect, cwd=tmp_path)
+    assert text.returncode == 0, text.stderr[-2000:]
+    assert "pip install tokenizers" in text.stdout and " ".join(map(str, first[:8].tolist())) in text.stdout
+    as_json = in_venv(reader_venv, *inspect, "--json", cwd=tmp_path)
+    assert as_json.returncode == 0, as_json.stderr[-2000:]
+    report = json.loads(as_json.stdout)
+    assert report["decoder"] is None and "pip install tokenizers" in report["decoder_note"]
+    assert report["sequences"][0]["ids"] == first.tolist()
+    import tokenizers  # the test's own environment has it: put it (alone) on the reader install's path
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "tokenizers").symlink_to(Path(tokenizers.__file__).parent)
+    decoded = in_venv(reader_venv, *inspect, "--json", cwd=tmp_path, env={"PYTHONPATH": str(site)})
+    assert decoded.returncode == 0, decoded.stderr[-2000:]
+    report = json.loads(decoded.stdout)
+    want = tokenizers.Tokenizer.from_file(str(SAMPLE / "tokenizer.json")).decode(first.tolist(),
+                                                                                skip_special_tokens=False)
+    assert report["decoder"] and report["sequences"][0]["text"] == want
 
 
 def test_the_full_install_keeps_its_setup():

@@ -97,6 +97,8 @@ def test_megatron_export(workdir):
     prefix = workdir / "out" / "megatron" / "sample-train-00000"
     _, sequences = read_indexed_dataset(prefix)
     assert all(s[-1] == 0 for s in sequences)
+    shown = blocks("Megatron-LM", "text")[0]  # the page shows what the export prints
+    assert out[out.index("Megatron-LM data arguments"):].strip() == shown.strip(), out
     listed = re.search(r"--data-path (\d+) (\S+)", out)
     assert listed.group(2) == "out/megatron/sample-train-00000" and int(listed.group(1)) == sum(map(len, sequences))
     if importlib.util.find_spec("megatron") is None:
