@@ -394,8 +394,8 @@ def dedup_report(d: dict) -> list[str]:
         for p in d["pairs"]:
             how = ("exact copy" if p["match"] == "exact" else
                    f"near-copy, estimated Jaccard {p['estimated_similarity']:.3f}")
-            out.append(f'<p class="where">{esc(p["removed_file"])} @ {num(p["removed_offset"])} | kept '
-                       f'{esc(p["kept_file"])} @ {num(p["kept_offset"])} ({how})</p>'
+            out.append(f'<p class="where">{esc(p["removed_file"])} @ {esc(p["removed_offset"])} | kept '
+                       f'{esc(p["kept_file"])} @ {esc(p["kept_offset"])} ({how})</p>'
                        f'<pre>{esc(p["removed_text"])}</pre><pre>{esc(p["kept_text"])}</pre>')
         out.append("</div>")
     return out

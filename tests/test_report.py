@@ -285,6 +285,17 @@ def test_run_with_a_parquet_dedup_report_puts_its_pairs_on_its_page(tmp_path):
     assert "holds no report file of run" in proc.stderr and not (tmp_path / "e.html").exists()
 
 
+def test_a_dedup_report_without_rows_is_said_so(tmp_path):
+    """A run that removed nothing wrote no report file: the page says so, not that it is missing."""
+    write_jsonl(tmp_path / "a.jsonl", list(dict.fromkeys(t for t in sample_texts() if t))[:40])
+    out, page = tmp_path / "o.zarr", tmp_path / "o.html"
+    run_pipeline("--input", tmp_path / "a.jsonl", "--tokenizer", "bytes", "--output", out, "--dedup", "exact",
+                 "--dedup_report", tmp_path / "dups", "--report", page)
+    text = page.read_text()
+    assert f"{tmp_path / 'dups'}: no document was removed, so the dedup report has no rows" in text
+    assert 'class="warn"' not in text.split('<section id="dedup">')[1].split("</section>")[0]
+
+
 @pytest.mark.slow  # starts the emulator
 def test_report_reads_and_writes_cloud_storage(mixture_dataset, gcs):
     """gs:// both ways (the real fake-gcs-server): the dataset read from the bucket, the page written there."""
