@@ -38,7 +38,7 @@ from pipeline import VERSION
 from pipeline.reader import SPLITS, DatasetError, FlatTokensSplit, inputs_targets, open_dataset
 from pipeline.verify import _storage_option
 from transforms.read.mixture import source_table
-from transforms.tokenize.report_files import document_at, read_report
+from transforms.tokenize.report_files import read_report, row_texts
 
 USAGE_ERROR = 2
 BAR_WIDTH = 40
@@ -438,12 +438,7 @@ def duplicates_report(attrs: dict, n: int, max_chars: int, options: dict | None)
     rows = read_report(url, attrs["run_id"], options)[:n]
     key = attrs.get("text_key", "text")
     for row in rows:
-        for side in ("removed", "kept"):
-            try:
-                text = document_at(row[f"{side}_file"], row[f"{side}_offset"], key, options)
-            except (OSError, ValueError, KeyError) as e:
-                text = f"(cannot read it: {type(e).__name__}: {e})"
-            row[f"{side}_text"] = text[:max_chars] + ("…" if len(text) > max_chars else "")
+        row.update(row_texts(row, key, max_chars, options))
     return rows
 
 

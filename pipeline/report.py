@@ -2,7 +2,7 @@
 
     flat-tokens report DATASET --html PATH [--tokenizer SPEC] [--window LENGTH]
                        [--sample_tokens N] [--sample_sequences N] [--summary SUMMARY_JSON]
-                       [--rejected DIR] [--dedup_report FILE] [--storage_option KEY=VALUE ...]
+                       [--rejected DIR] [--dedup_report DIR_OR_FILE] [--storage_option KEY=VALUE ...]
 
 DATASET and PATH are local paths or fsspec URLs (gs://, ...). The page (pipeline/report_html.py)
 needs nothing at view time: no script, no network; every figure is inline SVG.
@@ -16,7 +16,9 @@ reader (pipeline/reader.py), which checks every chunk's checksum:
   evenly over the split (all of them when the split has no more);
 * tokens: up to --sample_tokens tokens per split, in SAMPLE_RANGES windows spread evenly over
   encoded_tokens (all of them when the split has no more);
-* a few documents decoded, one packed window of --window tokens, a few rejected lines per reason.
+* a few documents decoded, one packed window of --window tokens, a few rejected lines per reason;
+* the dedup report's files, whole, until DEDUP_ROWS_READ rows are passed (cluster sizes), and
+  the texts of DEDUP_PAIRS removed/kept pairs, read from the inputs at the places it names.
 
 The page states the sample it was computed from. The one unbounded step is a storage listing for
 bytes per token (as `inspect` does; --no_du skips it).
@@ -29,6 +31,7 @@ import argparse
 import json
 import sys
 import time
+from collections import Counter
 
 import fsspec
 import numpy as np
@@ -36,6 +39,7 @@ import numpy as np
 from pipeline import VERSION
 from pipeline.inspect import LengthDistribution, choose_decoder, storage_bytes
 from pipeline.reader import SPLITS, DatasetError, FlatTokensSplit, decode, open_dataset
+from transforms.tokenize.report_files import COLUMNS, read_report_file, row_texts, run_report_files
 
 USAGE_ERROR = 2
 SAMPLE_RANGES = 16
@@ -46,7 +50,9 @@ DOCUMENT_MAX_TOKENS = 1 << 14  # longer sequences are not picked to be shown dec
 DOCUMENT_CHARS = 1200
 REJECTED_EXAMPLES = 3
 REJECTED_LINES_READ = 2000  # lines of the rejected-lines report read for examples, at most
-DEDUP_PAIRS = 5
+DEDUP_PAIRS = 5  # removed/kept pairs shown: near-copies first, then exact copies
+DEDUP_PAIR_CHARS = 600
+DEDUP_ROWS_READ = 200_000  # dedup report rows read for the cluster sizes: whole files, until past this
 TOP_TOKENS = 25
 WINDOW_LENGTHS = (512, 1024, 2048, 4096, 8192)
 
@@ -225,21 +231,10 @@ def rejected_section(stats: dict, where: str | None, storage_options: dict | Non
     return out
 
 
-def _text_of(side) -> str | None:
-    """A pair's side as text: a string, or an object's text/excerpt."""
-    if isinstance(side, str):
-        return side
-    if isinstance(side, dict):
-        for key in ("text", "excerpt"):
-            if isinstance(side.get(key), str):
-                return side[key]
-    return None
-
-
 def dedup_section(attrs: dict, report: str | None, storage_options: dict | None) -> dict:
-    """Removals per source from the dataset's stats; a few removed/kept pairs from a dedup report
-    (JSON lines holding `removed` and `kept`, each a text or an object with text/excerpt), given
-    or recorded in the dataset's attribute `dedup_report`."""
+    """Removals per source from the dataset's stats; from the run's dedup report (issue 39's
+    --dedup_report, given or recorded in the dataset's attribute `dedup_report`): a few
+    removed/kept pairs with their texts, and how many documents each kept text was matched by."""
     stats = attrs.get("stats") or {}
     sources = sorted({*(stats.get("duplicates_by_source") or {}), *(stats.get("near_duplicates_by_source") or {})},
                      key=lambda s: list(attrs.get("sources") or []).index(s) if s in (attrs.get("sources") or []) else 0)
@@ -248,22 +243,59 @@ def dedup_section(attrs: dict, report: str | None, storage_options: dict | None)
            "near_options": attrs.get("near_dedup"),
            "per_source": [{"name": s, "exact": (stats.get("duplicates_by_source") or {}).get(s, 0),
                            "near": (stats.get("near_duplicates_by_source") or {}).get(s, 0)} for s in sources],
-           "pairs": [], "pairs_from": None, "note": None}
+           "pairs": [], "pairs_from": None, "note": None, "rows": None, "files": None, "files_read": None,
+           "cluster_sizes": None}
     recorded = attrs.get("dedup_report")
-    recorded = recorded.get("path") if isinstance(recorded, dict) else recorded
     where = report or (recorded if isinstance(recorded, str) else None)
     if where:
         out["pairs_from"] = where
-        rows, out["note"] = read_jsonl_head(where, 200, storage_options)
-        for row in rows:
-            removed, kept = _text_of(row.get("removed")), _text_of(row.get("kept"))
-            if removed is not None and kept is not None:
-                out["pairs"].append({"removed": removed[:600], "kept": kept[:600],
-                                     "kind": row.get("kind") or row.get("reason"),
-                                     "similarity": row.get("similarity") or row.get("jaccard")})
-            if len(out["pairs"]) >= DEDUP_PAIRS:
-                break
+        try:
+            out.update(dedup_report_summary(where, attrs, storage_options))
+        except Exception as e:  # the caller decides: an error for a given file, a note for a recorded one
+            out["note"] = f"{where}: cannot be read ({type(e).__name__}: {str(e)[:200]})"
     return out
+
+
+def dedup_report_summary(url: str, attrs: dict, storage_options: dict | None) -> dict:
+    """Reads the dedup report at `url`: the directory the run wrote (its files of the
+    dataset's run id) or one of its files. Whole files are read until DEDUP_ROWS_READ rows
+    are passed: every row of a kept text is in the same file (the rows are filed by the kept
+    text's dedup shard), so the cluster sizes of the files read are exact."""
+    fs, path = fsspec.core.url_to_fs(url, **(storage_options or {}))
+    if fs.isfile(path):
+        names = [path]
+    else:
+        fs, names = run_report_files(url, attrs.get("run_id", ""), storage_options)
+    removed = (attrs.get("stats") or {}).get("duplicates", 0) + ((attrs.get("stats") or {}).get("near_duplicates") or 0)
+    if not names and removed:
+        raise ValueError(f"holds no report file of run {attrs.get('run_id')} (dedup-{attrs.get('run_id')}-*); "
+                         f"name the --dedup_report directory of the run that built this dataset")
+    per_kept: Counter = Counter()
+    near, exact = [], []
+    rows = read = 0
+    for name in names:
+        if rows >= DEDUP_ROWS_READ:
+            break
+        got = read_report_file(fs, name)
+        missing = [c for c in COLUMNS if got and c not in got[0]]
+        if missing:
+            raise ValueError(f"{name} is not a flat-tokens dedup report: its rows lack {', '.join(missing)}")
+        rows += len(got)
+        read += 1
+        per_kept.update(r["kept_digest"] for r in got)
+        for r in got:
+            picked = near if r["match"] == "near" else exact
+            if len(picked) < DEDUP_PAIRS:
+                picked.append(r)
+    # Near-copies first (the interesting ones), exact copies for the rest, up to DEDUP_PAIRS.
+    n_near = min(len(near), max(DEDUP_PAIRS - len(exact), (DEDUP_PAIRS + 1) // 2))
+    chosen = near[:n_near] + exact[:DEDUP_PAIRS - n_near]
+    key = attrs.get("text_key", "text")
+    pairs = [{**{k: r[k] for k in COLUMNS}, **row_texts(r, key, DEDUP_PAIR_CHARS, storage_options)} for r in chosen]
+    # A cluster: a kept text and the documents removed as its copies (exact or near).
+    sizes = Counter(n + 1 for n in per_kept.values())
+    return {"pairs": pairs, "rows": rows, "files": len(names), "files_read": read,
+            "cluster_sizes": sorted(sizes.items())}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -404,7 +436,8 @@ def parse_args(argv):
     ap.add_argument("--summary", metavar="SUMMARY_JSON",
                     help="the run's --summary_json, for the build time and throughput (not in the dataset)")
     ap.add_argument("--rejected", metavar="DIR", help="the rejected-lines report (default: the one the dataset records)")
-    ap.add_argument("--dedup_report", metavar="FILE", help="JSON lines of removed/kept pairs to show a few of")
+    ap.add_argument("--dedup_report", metavar="FILE", help="the run's dedup report (its --dedup_report directory, or one of its files); "
+                         "default: the one the dataset records")
     ap.add_argument("--no_du", action="store_true", help="do not list the storage to size the dataset")
     ap.add_argument("--storage_option", type=storage_option, action="append", default=[], metavar="KEY=VALUE",
                     help="fsspec storage option, repeatable; VALUE is parsed as JSON if it can be")

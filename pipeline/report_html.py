@@ -32,7 +32,7 @@ pre{white-space:pre-wrap;overflow-wrap:anywhere;background:#f3f4f6;padding:6px 8
 figure{margin:8px 0}figcaption{color:#5a6472;font-size:12.5px}
 svg{display:block;max-width:100%;height:auto}svg text{font:11px system-ui,sans-serif;fill:#333}
 .grid{display:grid;grid-template-columns:repeat(auto-fit,minmax(420px,1fr));gap:8px 24px}
-.pairs{display:grid;grid-template-columns:1fr 1fr;gap:6px 12px}
+.pairs{display:grid;grid-template-columns:minmax(0,1fr) minmax(0,1fr);gap:6px 12px}.pairs .where{grid-column:1/-1;margin:8px 0 0;color:#555;font-size:12px;overflow-wrap:anywhere}
 .window{white-space:pre-wrap;overflow-wrap:anywhere;line-height:1.6;max-height:44em;overflow-y:auto}
 .seg{padding:1px 0;border-radius:2px}.seg0{background:#e3edf8}.seg1{background:#fbead9}
 .boundary{display:inline-block;background:#b04a5a;color:#fff;font:600 10px system-ui,sans-serif;
@@ -347,21 +347,58 @@ def dedup(r: dict) -> str:
         out.append(f'<p>Near-duplicate clusters: {num(near["clusters"])} clusters of {num(near["clustered_texts"])} '
                    f'texts (mean cluster size {mean:.2f}; one text of each kept); {num(near["verified_pairs"])} of '
                    f'{num(near["candidate_pairs"])} candidate pairs verified, estimated false-positive rate '
-                   f'{near["estimated_false_positive_rate"]:.2%}. The dataset records cluster counts, not each '
-                   f'cluster\'s size.</p>')
+                   f'{near["estimated_false_positive_rate"]:.2%}.</p>')
         if d.get("near_options"):
             out.append(f'<p class="note">settings: {esc(json.dumps(d["near_options"]))}</p>')
-    if d["pairs"]:
-        out.append(f'<h3>Removed / kept pairs</h3><p class="note">the first {len(d["pairs"])} of '
-                   f'{esc(d["pairs_from"])}</p><div class="pairs"><b>removed</b><b>kept</b>')
-        for p in d["pairs"]:
-            out.append(f'<pre>{esc(p["removed"])}</pre><pre>{esc(p["kept"])}</pre>')
-        out.append("</div>")
-    elif d.get("note"):
+    if d.get("note"):
         out.append(f'<p class="warn">{esc(d["note"])}</p>')
+    elif d.get("rows") is not None:
+        out.extend(dedup_report(d))
     else:
-        out.append('<p class="note">no dedup report with removed/kept pairs was given (--dedup_report) or recorded</p>')
+        out.append('<p class="note">no dedup report was given (--dedup_report) or recorded: the run that built this '
+                   'dataset was not asked for one</p>')
     return section("dedup", "Deduplication", out)
+
+
+def cluster_bucket(size: int) -> str:
+    """Cluster sizes 2..8 each, then power-of-two ranges (9–16, 17–32, ...)."""
+    if size <= 8:
+        return str(size)
+    hi = 1 << (size - 1).bit_length()
+    return f"{hi // 2 + 1}–{hi}"
+
+
+def dedup_report(d: dict) -> list[str]:
+    """The dedup report's part: the cluster sizes and a few removed/kept pairs."""
+    if not d["rows"]:
+        return [f'<p class="note">{esc(d["pairs_from"])}: no document was removed, so the dedup report has no rows</p>']
+    out = []
+    sizes = d["cluster_sizes"]
+    buckets: dict[str, int] = {}
+    for size, clusters in sizes:
+        buckets[cluster_bucket(size)] = buckets.get(cluster_bucket(size), 0) + clusters
+    whole = ("every row" if d["files_read"] == d["files"] else
+             f"the {num(d['rows'])} rows of {num(d['files_read'])} of its {num(d['files'])} files (a kept text's rows "
+             f"are all in one file, so these clusters are whole)")
+    out.append(hbars([(k, [v]) for k, v in buckets.items()], ["clusters"], "fig-clusters",
+                     f"Matched clusters by size: a kept text and the documents removed as its exact or near copies "
+                     f"(rows of {esc(d['pairs_from'])} per kept text, plus the kept one; from {whole}).",
+                     title="matched-cluster sizes"))
+    clusters = sum(c for _, c in sizes)
+    out.append(f'<p class="matched">{num(clusters)} kept texts were matched by {num(sum((s - 1) * c for s, c in sizes))} removed '
+               f'documents; the largest cluster has {num(sizes[-1][0])} documents.</p>')
+    if d["pairs"]:
+        out.append(f'<h3>Removed / kept pairs</h3><p class="note">{len(d["pairs"])} rows of {esc(d["pairs_from"])} '
+                   f'(near-copies first), each text read from the input at the place the row names</p>'
+                   f'<div class="pairs"><b>removed</b><b>kept</b>')
+        for p in d["pairs"]:
+            how = ("exact copy" if p["match"] == "exact" else
+                   f"near-copy, estimated Jaccard {p['estimated_similarity']:.3f}")
+            out.append(f'<p class="where">{esc(p["removed_file"])} @ {esc(p["removed_offset"])} | kept '
+                       f'{esc(p["kept_file"])} @ {esc(p["kept_offset"])} ({how})</p>'
+                       f'<pre>{esc(p["removed_text"])}</pre><pre>{esc(p["kept_text"])}</pre>')
+        out.append("</div>")
+    return out
 
 
 def rejected(r: dict) -> str:

@@ -509,15 +509,18 @@ def _report(ft, plan, wall_seconds: float, used: parallelism.Parallelism | None 
                                ft.summary_json, e.strerror or e, ft.output)
     print(format_summary(summary))
     if ft.report:
-        write_report(ft, summary, plan.target.storage_options if plan else None)
+        write_report(ft, summary, plan.target.storage_options if plan else None, plan.dedup_report if plan else None)
     return 0
 
 
-def write_report(ft, summary: dict, storage_options: dict | None) -> None:
+def write_report(ft, summary: dict, storage_options: dict | None, dedup_report: str | None = None) -> None:
     """--report: the dataset's HTML page (pipeline/report.py), with this run's summary for its
-    build time. The dataset is committed: a report that cannot be written is a warning."""
+    build time and this run's --dedup_report (its pairs and cluster sizes). The dataset is
+    committed: a report that cannot be written is a warning."""
     from pipeline.report import make_report
     options = [f"--storage_option={k}={json.dumps(v)}" for k, v in (storage_options or {}).items()]
+    if dedup_report:
+        options.append(f"--dedup_report={dedup_report}")
     try:
         make_report(ft.output, ft.report, options, summary=summary)
         print(f"  report: {ft.report}")

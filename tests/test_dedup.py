@@ -5,14 +5,19 @@ its copies come from. The expected set of texts is computed here (a Python set o
 texts this test wrote) and checked by the independent checker (tests/flat_tokens_checker.py)."""
 import json
 import os
+import re
+import subprocess
+import sys
 from collections import Counter
 
+import numpy as np
 import pytest
 import zarr
 from tokenizers import Tokenizer
 
 from pipeline import verify
-from tests.helpers import SAMPLE, check_flat_tokens, run_pipeline, write_jsonl
+from tests.gcs_emulator import BUCKET, gcs  # noqa: F401 (a fixture)
+from tests.helpers import REPO, SAMPLE, check_flat_tokens, run_pipeline, write_jsonl
 
 MULTI = ["--direct_num_workers=2", "--direct_running_mode=multi_processing"]
 
@@ -171,7 +176,6 @@ def test_the_dedup_report_in_parquet_lists_every_removed_copy_and_inspect_shows_
 def test_a_report_file_is_created_once_and_never_replaced(tmp_path):
     """A retried bundle writes the same bytes (found in place: fine); other bytes at the name
     (another run's rows) are not replaced, and the job stops naming the file."""
-    import numpy as np
     from transforms.tokenize.dedup_report import ReportConflict, ReportRows, WriteReportShard
 
     def rows(offset):
@@ -188,3 +192,53 @@ def test_a_report_file_is_created_once_and_never_replaced(tmp_path):
     with pytest.raises(ReportConflict, match="already holds other rows"):
         list(writer.process((1, rows(8)), None))
     assert (tmp_path / "r" / "dedup-run1-00001-of-00002.jsonl").read_bytes() == first
+
+
+@pytest.mark.slow  # starts the emulator
+def test_a_gs_run_writes_every_removed_row_to_a_gs_report_and_inspect_reads_it(gcs, tmp_path):
+    """--output and --dedup_report on gs:// (the real fake-gcs-server), inputs there too, with
+    exact copies and near-copies: the report holds one row per removed document (the input's
+    documents less the dataset's, read here from local copies of the inputs at the rows'
+    offsets), and `inspect --duplicates` reads it and the texts back from the bucket."""
+    texts = list(dict.fromkeys(t for t in sample_texts() if len(t.split()) >= 20))[:160]  # distinct
+    local = {"a.jsonl": texts[:100] + texts[:6], "b.jsonl": texts[100:] + texts[90:95] + [t + " Also." for t in texts[:6]]}
+    for name, lines in local.items():
+        write_jsonl(tmp_path / "in" / name, lines)
+    gs = f"gs://{BUCKET}/dedup-report"
+    gcs.fs.put(str(tmp_path / "in") + "/", f"{BUCKET}/dedup-report/in/", recursive=True)
+    run_pipeline("--input", f"{gs}/in/*.jsonl", "--tokenizer", "bytes", "--output", f"{gs}/out.zarr",
+                 "--dedup", "near", "--dedup_report", f"{gs}/dups.jsonl", "--validation_fraction", "0",
+                 "--num_shards", "2", env=gcs.env, timeout=300)
+    gcs.fs.invalidate_cache()
+    gcs.fs.get(f"{BUCKET}/dedup-report/out.zarr/", str(tmp_path / "out.zarr") + "/", recursive=True)
+    attrs = zarr.open_group(str(tmp_path / "out.zarr"), mode="r").attrs
+    assert attrs["dedup_report"] == f"{gs}/dups.jsonl"
+    names = gcs.fs.ls(f"{BUCKET}/dedup-report/dups.jsonl", detail=False)
+    pattern = re.compile(f"dedup-{attrs['run_id']}-0000[01]-of-00002\\.jsonl")
+    assert names and all(pattern.fullmatch(n.rsplit("/", 1)[-1]) for n in names), names  # and no probe left
+    rows = [json.loads(line) for n in names for line in gcs.fs.cat(n).decode().splitlines()]
+
+    def text_at(url: str, offset: int) -> str:  # from the local copy the bucket's file was made of
+        assert url.startswith(f"{gs}/in/"), url
+        with open(tmp_path / "in" / url.rsplit("/", 1)[-1], "rb") as f:
+            f.seek(offset)
+            return json.loads(f.readline())["text"]
+
+    g = zarr.open_group(str(tmp_path / "out.zarr"), mode="r")["train"]
+    tokens, starts = (g["encoded_tokens"][:] >> 1) - 1, g["seq_starts"][:]
+    written = Counter(bytes(tokens[a:b].astype(np.uint8)).decode("utf-8") for a, b in zip(starts[:-1], starts[1:]))
+    removed = Counter(text_at(r["removed_file"], r["removed_offset"]) for r in rows)
+    stats = attrs["stats"]
+    assert len(rows) == stats["dedup_report_rows"] == stats["duplicates"] + stats["near_duplicates"] >= 17
+    assert removed == Counter(t for lines in local.values() for t in lines) - written  # every removed row, once
+    assert {r["match"] for r in rows} == {"exact", "near"}
+    assert all(text_at(r["kept_file"], r["kept_offset"]) in written for r in rows)
+
+    proc = subprocess.run([sys.executable, "-m", "pipeline.inspect", f"{gs}/out.zarr", "--duplicates", "50",
+                           "--max_chars", "100000", "--json"], cwd=REPO, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **gcs.env})
+    assert proc.returncode == 0, proc.stderr
+    shown = json.loads(proc.stdout)
+    assert len(shown) == len(rows)
+    assert all(s["removed_text"] == text_at(s["removed_file"], s["removed_offset"])
+               and s["kept_text"] == text_at(s["kept_file"], s["kept_offset"]) for s in shown)

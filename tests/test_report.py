@@ -1,12 +1,16 @@
 """`flat-tokens report`: the dataset's self-contained HTML page, rendered in a real, headless
 Chromium (Debian's package; .ci/run installs it) and checked from the rendered page."""
+import html as markup
 import json
 import os
+import re
 import subprocess
 import sys
+from collections import Counter
 
 import numpy as np
 import pytest
+from tokenizers import Tokenizer
 
 from pipeline.reader import open_dataset
 from pipeline.report import spread
@@ -55,8 +59,18 @@ def mixture_dataset(tmp_path_factory, bpe_tokenizer):
     out = root / "mix.zarr"
     run_pipeline("--mixture", root / "mix.yaml", "--tokenizer", bpe_tokenizer, "--output", out, "--dedup", "near",
                  "--validation_fraction", "0.05", "--max_rejected_fraction", "0.05",
-                 "--summary_json", root / "summary.json")
+                 "--summary_json", root / "summary.json", "--dedup_report", root / "dups")
     return out, root / "summary.json"
+
+
+def cut(text: str) -> str:
+    """A text as the page shows it in a removed/kept pair (docs/report.md: 600 characters)."""
+    return text[:600] + ("…" if len(text) > 600 else "")
+
+
+def input_texts(*files) -> list[str]:
+    return [json.loads(line)["text"] for f in files for line in open(f, encoding="utf-8")
+            if line.startswith("{") and '"text"' in line]
 
 
 def rendered(html, width=1280):
@@ -83,6 +97,9 @@ def rendered(html, width=1280):
             docs: [...document.querySelectorAll('#documents pre.doc')].map(p => p.textContent),
             excerpts: [...document.querySelectorAll('#rejected pre.excerpt')].map(p => p.textContent),
             pairs: [...document.querySelectorAll('#dedup .pairs pre')].map(p => p.textContent),
+            wheres: [...document.querySelectorAll('#dedup .pairs .where')].map(p => p.textContent),
+            clusters: [...document.querySelectorAll('#fig-clusters svg .bar title')].map(t => t.textContent),
+            matched: document.querySelector('#dedup .matched') && document.querySelector('#dedup .matched').textContent,
             window: document.querySelector('#window .window') && document.querySelector('#window .window').textContent,
             boundaries: document.querySelectorAll('#window .window .boundary').length,
             splitRows: [...document.querySelectorAll('#splits table tr')].slice(1).map(
@@ -96,7 +113,8 @@ def rendered(html, width=1280):
 
 
 @needs_chromium
-def test_the_report_of_a_mixture_with_dedup_renders_every_section_and_figure(mixture_dataset, tmp_path):
+def test_the_report_of_a_mixture_with_dedup_renders_every_section_and_figure(mixture_dataset, tmp_path,
+                                                                          bpe_tokenizer):
     out, summary = mixture_dataset
     html = tmp_path / "report.html"
     proc = report(out, html, "--summary", summary, "--window", "512")
@@ -110,7 +128,7 @@ def test_the_report_of_a_mixture_with_dedup_renders_every_section_and_figure(mix
     assert all(s["height"] > 40 for s in facts["sections"]), facts["sections"]
     figures = {f["id"]: f for f in facts["figures"]}
     assert set(figures) == {"fig-lengths-train", "fig-lengths-validation", "fig-shares", "fig-source-lengths",
-                            "fig-dedup", "fig-rejected", "fig-rank-frequency"}
+                            "fig-dedup", "fig-clusters", "fig-rejected", "fig-rank-frequency"}
     for f in figures.values():
         assert f["width"] >= 400 and f["height"] >= 60 and f["marks"] >= 1, f
     assert figures["fig-shares"]["marks"] == 4  # asked and achieved, for each of the two sources
@@ -139,26 +157,43 @@ def test_the_report_of_a_mixture_with_dedup_renders_every_section_and_figure(mix
     decoded = set(facts["docs"])
     assert len(decoded) >= 3 and all(len(d) > 20 for d in decoded)
 
+    # The removed/kept pairs (found through the dataset's recorded --dedup_report) are real:
+    # each kept text is in the dataset, each removed one in the inputs; an exact copy is its
+    # kept text again, in the inputs more than once; a near-copy is in no split.
+    tokenizer = Tokenizer.from_file(str(bpe_tokenizer))
+    written = {cut(tokenizer.decode(s.tolist())) for split in splits.values() for s in split}
+    inputs = Counter(cut(t) for t in input_texts(out.parent / "web.jsonl", out.parent / "code.jsonl"))
+    pairs = list(zip(facts["pairs"][::2], facts["pairs"][1::2], facts["wheres"]))
+    assert len(pairs) == 5 and all(kept in written and inputs[removed] for removed, kept, _ in pairs), pairs
+    exact = [(r, k) for r, k, where in pairs if where.endswith("(exact copy)")]
+    near = [(r, k) for r, k, where in pairs if "(near-copy, estimated Jaccard 0." in where]
+    assert exact and near and len(exact) + len(near) == 5
+    assert all(r == k and inputs[r] >= 2 for r, k in exact) and all(r != k and r not in written for r, k in near)
+    assert (out.parent / "web.jsonl").name in facts["wheres"][0]
+    # Cluster sizes: every removed document is in one cluster (the stats are the oracle).
+    stats = open_dataset(str(out))["train"].attrs["stats"]
+    removed = stats["duplicates"] + stats["near_duplicates"]
+    assert all(t.split()[0].isdigit() for t in facts["clusters"])  # sizes 2..8 are each a bar of their own
+    counted = {int(t.split()[0]): int(t.split(": ")[1].replace(",", "")) for t in facts["clusters"]}
+    assert sum((size - 1) * n for size, n in counted.items()) == removed >= 20
+    assert f"matched by {removed:,} removed documents" in facts["matched"]
+
 
 @needs_chromium
 def test_input_text_with_script_and_entities_never_runs_or_breaks_the_page(tmp_path):
     """Documents, rejected lines, dedup pairs and a file (so a source) name holding markup are
     shown as the text they are."""
     name = tmp_path / "in" / "<b onmouseover=x>&amp;<svg onload=alert(1)>.jsonl"
-    write_jsonl(name, HOSTILE + HOSTILE[:1])  # and an exact copy, removed
+    write_jsonl(name, HOSTILE + HOSTILE)  # and an exact copy of each, removed: the dedup report's pairs
     with open(name, "a") as f:
         f.write("<script>window.__pwned = 3</script> &amp; not JSON\n")
     out = tmp_path / "hostile.zarr"
     run_pipeline("--input", name, "--tokenizer", "bytes", "--output", out, "--record_sources",
-                 "--validation_fraction", "0", "--max_rejected_fraction", "0.5", "--dedup", "exact")
-    pairs = tmp_path / "pairs.jsonl"
-    write_jsonl(pairs, [])
-    with open(pairs, "w") as f:
-        for t in HOSTILE:
-            f.write(json.dumps({"removed": {"text": t}, "kept": t + " (kept)"}) + "\n")
+                 "--validation_fraction", "0", "--max_rejected_fraction", "0.5", "--dedup", "exact",
+                 "--dedup_report", tmp_path / "dups")
     html = tmp_path / "report.html"
     # Every document is shown decoded, and the packed window (longer than the split) holds them all.
-    proc = report(out, html, "--dedup_report", pairs, "--window", "4096")
+    proc = report(out, html, "--dedup_report", tmp_path / "dups", "--window", "4096")
     assert proc.returncode == 0, proc.stderr
     facts, console, _ = rendered(html)
 
@@ -173,8 +208,9 @@ def test_input_text_with_script_and_entities_never_runs_or_breaks_the_page(tmp_p
     assert str(name) in facts["legend"]  # the source's name, whole in the per-source figure's tooltip
     assert "…" + str(name)[-17:] in facts["legend"]  # and its end in the legend
     assert any("<script>window.__pwned = 3</script> &amp; not JSON" in e for e in facts["excerpts"])
-    assert facts["pairs"][:2] == [HOSTILE[0], HOSTILE[0] + " (kept)"]
-    assert sorted(facts["pairs"][::2]) == sorted(HOSTILE)
+    # Each pair: the removed copy and its kept copy, read back from the input, shown as text.
+    assert sorted(zip(facts["pairs"][::2], facts["pairs"][1::2])) == sorted((h, h) for h in HOSTILE)
+    assert len(facts["wheres"]) == len(HOSTILE) and all(str(name) in w for w in facts["wheres"])
 
 
 def test_the_report_reads_a_bounded_sample_and_says_so(mixture_dataset, tmp_path):
@@ -216,6 +252,48 @@ def test_run_writes_the_report_when_asked(tmp_path):
     assert f"report: {html}" in proc.stdout
     text = html.read_text()
     assert "tokens/s" in text and open_dataset(str(out))["train"].run_id in text  # the run's own build time
+
+
+def shown_pairs(page: str) -> list[tuple[str, str]]:
+    """The (removed, kept) texts of the page's pairs, as the text they show."""
+    grid = page.split('<div class="pairs">', 1)[1].split("</div>", 1)[0]
+    texts = [markup.unescape(t) for t in re.findall(r"<pre>(.*?)</pre>", grid, flags=re.S)]
+    return list(zip(texts[::2], texts[1::2]))
+
+
+def test_run_with_a_parquet_dedup_report_puts_its_pairs_on_its_page(tmp_path):
+    """`flat-tokens run --dedup_report X.parquet --report Y`: the page shows the run's own pairs
+    and cluster sizes; `flat-tokens report` takes the directory or one of its files, and says
+    in one line when a directory holds none of the dataset's run."""
+    texts = list(dict.fromkeys(t for t in sample_texts() if t))[:120]  # distinct
+    write_jsonl(tmp_path / "a.jsonl", texts + texts[:9] + texts[:3])  # 9 clusters: 3 of size 3, 6 of size 2
+    out, page, dups = tmp_path / "o.zarr", tmp_path / "o.html", tmp_path / "dups.parquet"
+    run_pipeline("--input", tmp_path / "a.jsonl", "--tokenizer", "bytes", "--output", out, "--dedup", "exact",
+                 "--dedup_report", dups, "--report", page)
+    pairs = shown_pairs(page.read_text())
+    assert len(pairs) == 5 and all(r == k and r in {cut(t) for t in texts[:9]} for r, k in pairs)
+    assert 'class="matched">9 kept texts were matched by 12 removed documents; the largest cluster has 3' in (
+        page.read_text())
+
+    one_file = next(dups.iterdir())
+    html = tmp_path / "r.html"
+    assert report(out, html, "--dedup_report", one_file).returncode == 0
+    assert shown_pairs(html.read_text()) == pairs
+    (tmp_path / "empty").mkdir()
+    proc = report(out, tmp_path / "e.html", "--dedup_report", tmp_path / "empty")
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "holds no report file of run" in proc.stderr and not (tmp_path / "e.html").exists()
+
+
+def test_a_dedup_report_without_rows_is_said_so(tmp_path):
+    """A run that removed nothing wrote no report file: the page says so, not that it is missing."""
+    write_jsonl(tmp_path / "a.jsonl", list(dict.fromkeys(t for t in sample_texts() if t))[:40])
+    out, page = tmp_path / "o.zarr", tmp_path / "o.html"
+    run_pipeline("--input", tmp_path / "a.jsonl", "--tokenizer", "bytes", "--output", out, "--dedup", "exact",
+                 "--dedup_report", tmp_path / "dups", "--report", page)
+    text = page.read_text()
+    assert f"{tmp_path / 'dups'}: no document was removed, so the dedup report has no rows" in text
+    assert 'class="warn"' not in text.split('<section id="dedup">')[1].split("</section>")[0]
 
 
 @pytest.mark.slow  # starts the emulator

@@ -51,20 +51,28 @@ def check_report_writable(url: str, run_id: str, storage_options: dict | None = 
                               f"writable directory") from None
 
 
-def read_report(url: str, run_id: str, storage_options: dict | None = None) -> list[dict]:
-    """Every row of a run's report, in file order."""
+def run_report_files(url: str, run_id: str, storage_options: dict | None = None) -> tuple[object, list[str]]:
+    """(filesystem, the run's report files in PATH, sorted: the order of its rows). A report
+    directory may hold other runs' files (a rerun writes under its own run id): only the
+    run's own are listed."""
     fs, path = url_to_fs(url, **(storage_options or {}))
     pattern = report_files_pattern(run_id)
-    names = sorted(p for p in fs.ls(path, detail=False) if pattern.fullmatch(posixpath.basename(p)))
-    rows = []
-    for name in names:
-        data = fs.cat_file(name)
-        if name.endswith(PARQUET_SUFFIX):
-            import pyarrow.parquet as pq
-            rows += pq.read_table(io.BytesIO(data)).to_pylist()
-        else:
-            rows += [json.loads(line) for line in data.decode("utf-8").splitlines() if line]
-    return rows
+    return fs, sorted(p for p in fs.ls(path, detail=False) if pattern.fullmatch(posixpath.basename(p)))
+
+
+def read_report_file(fs, name: str) -> list[dict]:
+    """The rows of one report file (JSONL or Parquet, by its suffix)."""
+    data = fs.cat_file(name)
+    if name.endswith(PARQUET_SUFFIX):
+        import pyarrow.parquet as pq
+        return pq.read_table(io.BytesIO(data)).to_pylist()
+    return [json.loads(line) for line in data.decode("utf-8").splitlines() if line]
+
+
+def read_report(url: str, run_id: str, storage_options: dict | None = None) -> list[dict]:
+    """Every row of a run's report, in file order."""
+    fs, names = run_report_files(url, run_id, storage_options)
+    return [row for name in names for row in read_report_file(fs, name)]
 
 
 def document_at(url: str, offset: int, text_key: str = "text", storage_options: dict | None = None) -> str:
@@ -77,3 +85,21 @@ def document_at(url: str, offset: int, text_key: str = "text", storage_options: 
     with fsspec.open(url, "rb", compression="infer", **(storage_options or {})) as f:
         f.seek(offset)  # in a compressed file: of its text (read up to there)
         return json.loads(f.readline())[text_key]
+
+
+def row_texts(row: dict, text_key: str = "text", max_chars: int | None = None,
+              storage_options: dict | None = None) -> dict:
+    """{"removed_text", "kept_text"}: the two documents a report row names (document_at), cut
+    to max_chars (with "…"); a side that cannot be read says why instead of failing the rest
+    (an input may have been moved since the run). `inspect --duplicates` and `flat-tokens
+    report` show these."""
+    out = {}
+    for side in ("removed", "kept"):
+        try:
+            text = document_at(row[f"{side}_file"], int(row[f"{side}_offset"]), text_key, storage_options)
+        except (OSError, ValueError, KeyError, IndexError, TypeError) as e:
+            text = f"(cannot read it: {type(e).__name__}: {e})"
+        if max_chars is not None and len(text) > max_chars:
+            text = text[:max_chars] + "…"
+        out[f"{side}_text"] = text
+    return out
