@@ -39,6 +39,7 @@ from transforms.records import TokenizedBatch
 from transforms.staging import StagingArea
 from transforms.shuffle.shuffle_globally import count_copies
 from transforms.shuffle.weigh_sources import count_source_documents
+from transforms.tokenize.dedup_index import WriteIndexShard, read_earlier
 from transforms.tokenize.dedup_report import WriteDedupReport
 from transforms.tokenize.staged import ReplayStagedUnits, TokenizeAndStage
 from transforms.write.finished import SIZES, ReplayFinishedShards
@@ -71,10 +72,15 @@ def build_pipeline(p: beam.Pipeline, plan: JobPlan):
     batches = tokenized
     distinct = None
     if plan.dedup_shards is not None:
+        earlier = None
+        if plan.dedup_against:  # one element per earlier index file: read where it is keyed, never gathered
+            earlier = (p | "EarlierIndexFiles" >> beam.Create(plan.earlier_index)
+                       | "SpreadIndexFiles" >> beam.Reshuffle()
+                       | "ReadEarlierIndexes" >> beam.FlatMap(read_earlier, plan.seed, plan.dedup_shards, so))
         distinct = tokenized | "DropDuplicates" >> DropDuplicates(
             plan.seed, plan.validation_fraction, plan.dedup_shards,
             plan.source_of_input if plan.mixture is not None else plan.record_sources, plan.near, plan.spill_dir,
-            report=plan.dedup_report is not None)
+            report=plan.dedup_report is not None, earlier=earlier)
         batches = distinct.batches
         counted.append(distinct.counts)
     if plan.length_limits.active():
@@ -124,6 +130,11 @@ def build_pipeline(p: beam.Pipeline, plan: JobPlan):
             singleton(created), so)
         counts = ((counts, counts_of_report) | "WithReportCounts" >> beam.Flatten()
                   | "SumReportCounts" >> beam.CombineGlobally(SumCounts()).without_defaults())
+    if distinct is not None:  # the dataset's dedup index: written once the output is ours, counted at commit
+        counts_of_index = distinct.batches | "WriteDedupIndex" >> beam.ParDo(
+            WriteIndexShard(plan.target.url, plan.seed, plan.dedup_shards, so), singleton(created))
+        counts = ((counts, counts_of_index) | "WithIndexCounts" >> beam.Flatten()
+                  | "SumIndexCounts" >> beam.CombineGlobally(SumCounts()).without_defaults())
     reports = corpus.rejected | "ReportRejectedLines" >> WriteRejectedLines(
         plan.rejected_url, beam.pvalue.AsList(corpus.line_counts), singleton(created), so, plan.target.run_id)
     ready = counts | "CheckRejectedFraction" >> beam.ParDo(
