@@ -40,7 +40,7 @@ from transforms.staging import StagingArea
 from transforms.shuffle.shuffle_globally import count_copies
 from transforms.shuffle.weigh_sources import count_source_documents
 from transforms.tokenize.dedup_index import WriteIndexShard, read_earlier
-from transforms.tokenize.dedup_report import WriteDedupReport
+from transforms.tokenize.dedup_report import WriteDedupReport, earlier_key
 from transforms.tokenize.staged import ReplayStagedUnits, TokenizeAndStage
 from transforms.write.finished import SIZES, ReplayFinishedShards
 
@@ -126,7 +126,7 @@ def build_pipeline(p: beam.Pipeline, plan: JobPlan):
                          rewrite=resume.rewrite if resume else ()), layout_view))
     if distinct is not None and distinct.report is not None:  # written once the output is ours, counted at commit
         counts_of_report = distinct.report | "ReportDuplicates" >> WriteDedupReport(
-            plan.dedup_report, plan.target.run_id, plan.dedup_shards, {f.key: f.url for f in plan.files},
+            plan.dedup_report, plan.target.run_id, plan.dedup_shards, {f.key: f.url for f in plan.files} | {earlier_key(i): url for i, url in enumerate(plan.dedup_against)},
             singleton(created), so)
         counts = ((counts, counts_of_report) | "WithReportCounts" >> beam.Flatten()
                   | "SumReportCounts" >> beam.CombineGlobally(SumCounts()).without_defaults())

@@ -38,7 +38,7 @@ from pipeline import VERSION
 from pipeline.reader import SPLITS, DatasetError, FlatTokensSplit, inputs_targets, open_dataset
 from pipeline.verify import _storage_option
 from transforms.read.mixture import source_table
-from transforms.tokenize.report_files import document_at, read_report
+from transforms.tokenize.report_files import EARLIER, document_at, read_report
 
 USAGE_ERROR = 2
 BAR_WIDTH = 40
@@ -427,6 +427,9 @@ def duplicates_report(attrs: dict, n: int, max_chars: int, options: dict | None)
     key = attrs.get("text_key", "text")
     for row in rows:
         for side in ("removed", "kept"):
+            if side == "kept" and row["match"] == EARLIER:  # an exact copy of a text the earlier dataset holds
+                row["kept_text"] = row["removed_text"]
+                continue
             try:
                 text = document_at(row[f"{side}_file"], row[f"{side}_offset"], key, options)
             except (OSError, ValueError, KeyError) as e:
@@ -439,7 +442,8 @@ def render_duplicates(rows: list[dict], width: int = 60) -> str:
     import textwrap
     out = []
     for row in rows:
-        similarity = ("exact copy" if row["match"] == "exact"
+        similarity = ("exact copy" if row["match"] == "exact" else "exact copy of a text this earlier dataset holds"
+                      if row["match"] == EARLIER
                       else f"near-copy, estimated Jaccard {row['estimated_similarity']:.3f}")
         out.append(f"removed {row['removed_file']} @ {row['removed_offset']}  |  kept {row['kept_file']} @ "
                    f"{row['kept_offset']}  ({similarity})")

@@ -16,6 +16,7 @@ import zarr
 from tokenizers import Tokenizer
 
 from tests.helpers import SAMPLE, refused, run_pipeline, stats, write_jsonl
+from transforms.tokenize.report_files import document_at, read_report
 from transforms.checksums import Damaged
 from transforms.tokenize.dedup_index import BYTES_PER_DOCUMENT, INDEX_DIRECTORY, decode_index, encode_index
 
@@ -55,7 +56,8 @@ def days(tmp_path_factory, bpe_tokenizer):
     trained = sorted(decoded(root / "2024-06-01.zarr", "train", bpe_tokenizer))
     repeats_2 = held_out[:8] + trained[:7]
     day_2 = two + repeats_2 + repeats_2[:3]  # and three copies twice
-    build(root / "2024-06-02.zarr", day_2, bpe_tokenizer, "--dedup_against", root / "2024-06-01.zarr")
+    build(root / "2024-06-02.zarr", day_2, bpe_tokenizer, "--dedup_against", root / "2024-06-01.zarr",
+          "--dedup_report", root / "report-2")
     repeats_3 = held_out[8:15] + trained[7:15] + two[:10] + repeats_2[:5]
     day_3 = three + repeats_3
     proc = build(root / "2024-06-03.zarr", day_3, bpe_tokenizer, "--dedup_against", root / "*.zarr")
@@ -158,3 +160,15 @@ def test_two_workers_write_the_same_bytes(days, tmp_path, bpe_tokenizer):
                  "--dedup", "exact", "--validation_fraction", "0.2", "--num_shards", "3",
                  "--dedup_against", root / "2024-06-01.zarr", "--dedup_against", root / "2024-06-02.zarr", *MULTI)
     assert files_digest(out) == files_digest(root / "2024-06-03.zarr")
+
+
+@pytest.mark.slow
+def test_the_report_names_the_earlier_dataset_as_kept(days):
+    root, t, _ = days
+    attrs = zarr.open_group(str(root / "2024-06-02.zarr"), mode="r").attrs
+    rows = read_report(str(root / "report-2"), attrs["run_id"])
+    assert len(rows) == 18 == attrs["stats"]["dedup_report_rows"]  # 15 texts day 1 holds, 3 of them twice
+    assert {r["match"] for r in rows} == {"earlier"}
+    assert {r["kept_file"] for r in rows} == {str(root / "2024-06-01.zarr")}
+    removed = Counter(document_at(r["removed_file"], r["removed_offset"]) for r in rows)
+    assert removed == Counter(t["repeats_2"] + t["repeats_2"][:3])

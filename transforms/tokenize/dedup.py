@@ -124,23 +124,25 @@ def drop_duplicates(keyed_parts, seed: int, validation_fraction: float, source_o
         if report_shards is not None:
             keys = np.repeat(np.array([p.file_key for p in parts], dtype=object), sizes)
             for keyed in dedup_report.kept_places(keys, offsets, digests, kept[(cluster_split >= 0) & ~near],
-                                                  seed, report_shards):
+                                                  seed, report_shards, held):
                 yield beam.pvalue.TaggedOutput(KEPT_PLACES, keyed)
         splits = np.where(cluster_split >= 0, cluster_split, splits)
         counts[NEAR_DUPLICATES] = int(np.count_nonzero(near))
         if source_of_input is not None:
             for source, n in enumerate(np.bincount(sources[kept[near]], minlength=max(source_of_input) + 1).tolist()):
                 counts[mixture.source_key(source, mixture.NEAR_DUPLICATES)] = n
+    held = None
+    if earlier is not None:  # --dedup_against: a text an earlier dataset holds is removed, whatever its split
+        held = dedup_index.held_earlier(digests[kept], earlier)
+        held[near] = -1  # removed already, as a near-copy
     if report_shards is not None:
         keys = np.repeat(np.array([p.file_key for p in parts], dtype=object), sizes)
         if decisions is None:
             kept_digests, similarity = digests[kept], np.ones(kept.size, dtype=np.float32)
         for keyed in dedup_report.removal_rows(keys, offsets, digests, order, starts, near, kept_digests, similarity,
-                                               seed, report_shards):
+                                               seed, report_shards, held):
             yield beam.pvalue.TaggedOutput(REPORT, keyed)
-    if earlier is not None:  # --dedup_against: a text an earlier dataset holds is removed, whatever its split
-        held = dedup_index.held_earlier(digests[kept], earlier)
-        held[near] = -1  # removed already, as a near-copy
+    if held is not None:
         for dataset, n in zip(*np.unique(held[held >= 0], return_counts=True)):
             counts[f"{dedup_index.AGAINST}:{int(dataset)}"] = int(n)
         near = near | (held >= 0)

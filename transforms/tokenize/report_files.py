@@ -12,6 +12,7 @@ from fsspec.core import url_to_fs
 from transforms.read.inputs import PARQUET, format_of
 
 PARQUET_SUFFIX, JSONL_SUFFIX = ".parquet", ".jsonl"
+EARLIER = "earlier"  # the match of a row --dedup_against removed: an exact copy of a text an earlier dataset holds
 COLUMNS = ("removed_file", "removed_offset", "removed_digest", "kept_file", "kept_offset", "kept_digest", "match",
            "estimated_similarity", "similarity")
 
