@@ -32,16 +32,29 @@ def _same(a: str, b: str) -> bool:
     return absolute(a).rstrip("/") == absolute(b).rstrip("/")
 
 
+def committed(fs, path: str) -> bool:
+    """Whether `path` holds a dataset's root metadata (written last, by its commit)."""
+    return fs.exists(f"{path}/zarr.json") or fs.exists(f"{path}/.zattrs")
+
+
 def resolve_datasets(patterns: list[str], output: str, storage_options: dict | None = None) -> list[str]:
-    """--dedup_against's datasets: each path as given, each glob expanded (sorted), the output
+    """--dedup_against's datasets: each path as given (refused later when it is not a committed
+    dataset with an index), each glob expanded (sorted) to its committed matches, the output
     itself left out (a glob over a prefix matches today's dataset too), each once."""
     found = []
     for pattern in patterns:
         if _GLOB.search(pattern):
             fs, path = url_to_fs(pattern, **(storage_options or {}))
-            matches = [_url(fs, p) for p in sorted(fs.glob(path.rstrip("/")))]
-            if not matches:
-                raise MissingIndex(f"--dedup_against {pattern}: matches nothing")
+            listed = sorted(fs.glob(path.rstrip("/")))
+            # A glob over a prefix also matches datasets being built (today's, a concurrent
+            # day's, a failed one's): those hold no dataset yet, and are skipped, said on stderr.
+            matches = []
+            for match in listed:
+                if committed(fs, match):
+                    matches.append(_url(fs, match))
+                elif not _same(_url(fs, match), output):
+                    print(f"flat-tokens: --dedup_against {pattern}: {_url(fs, match)} is not committed: skipped",
+                          file=sys.stderr)
         else:
             matches = [absolute(pattern)]
         found += [m for m in matches if not _same(m, output) and m not in found]
@@ -93,7 +106,7 @@ def earlier_dated(output: str, storage_options: dict | None = None) -> list[str]
         other = _DATED.fullmatch(posixpath.basename(sibling.rstrip("/")))
         if not other or other.group(2) != suffix or other.group(1) >= day:
             continue
-        if not (fs.exists(f"{sibling}/zarr.json") or fs.exists(f"{sibling}/.zattrs")):
+        if not committed(fs, sibling):
             print(f"flat-tokens: {_url(fs, sibling)} is not committed: not deduplicated against", file=sys.stderr)
             continue
         earlier.append(_url(fs, sibling.rstrip("/")))
@@ -108,9 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for url in earlier_dated(argv[0]):
             print(f"--dedup_against={url}")
-    except ValueError as e:
-        print(f"flat-tokens: {e}", file=sys.stderr)
-        return 2
+    except ValueError as e:  # not a dated output: no earlier days to speak of
+        print(f"flat-tokens: {e}: not deduplicated against earlier days", file=sys.stderr)
     return 0
 
 

@@ -124,7 +124,7 @@ def drop_duplicates(keyed_parts, seed: int, validation_fraction: float, source_o
         if report_shards is not None:
             keys = np.repeat(np.array([p.file_key for p in parts], dtype=object), sizes)
             for keyed in dedup_report.kept_places(keys, offsets, digests, kept[(cluster_split >= 0) & ~near],
-                                                  seed, report_shards, held):
+                                                  seed, report_shards):
                 yield beam.pvalue.TaggedOutput(KEPT_PLACES, keyed)
         splits = np.where(cluster_split >= 0, cluster_split, splits)
         counts[NEAR_DUPLICATES] = int(np.count_nonzero(near))
