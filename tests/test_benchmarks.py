@@ -1,5 +1,6 @@
 """Smoke tests of benchmarks/bench_pipeline.py, bench_reader.py, bench_resume.py, bench_unit_check.py,
-bench_codecs.py, bench_runners.py, bench_checksums.py, bench_dedup.py, bit_flips.py and simulate_scale.py on tiny
+bench_codecs.py, bench_runners.py, bench_checksums.py, bench_dedup.py, bench_dedup_against.py, bit_flips.py and
+simulate_scale.py on tiny
 inputs: they run end to end and
 report every field (no timing assertions: the numbers depend on the machine)."""
 import json
@@ -417,3 +418,23 @@ def test_bench_dedup_smoke(tmp_path):
     words = quality["settings"]["words"]["against word 5-grams"]
     assert words["pairs_at_threshold_plus_0.05"] > 0 and words["recall"] >= 0.95 and words["precision"] >= 0.95
     assert words["pairs_across_splits"] == 0
+
+
+@pytest.mark.slow
+def test_bench_dedup_against_smoke(tmp_path):
+    """benchmarks/bench_dedup_against.py: the index's bytes per document, and CPU with and without."""
+    texts = [json.loads(line)["text"] for line in open(SAMPLE / "corpus-1.jsonl", encoding="utf-8")][:300]
+    corpus = write_jsonl(tmp_path / "tiny.jsonl", texts)
+    results = tmp_path / "bench.json"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "bench_dedup_against.py"), "--input", str(corpus), "--tokenizer",
+         "bytes", "--days", "2", "--documents_per_day", "200", "--rounds", "1", "--json", str(results),
+         "--workdir", str(tmp_path / "work")],
+        cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
+    r = json.loads(results.read_text())
+    assert r["indexed"] == 400 and 17 <= r["index_bytes_per_document"] < 18  # 17 a document, 20 a file
+    assert [run["removed"] for run in r["runs"]["b"]] == [r["repeated"]] == [20]
+    assert [run["removed"] for run in r["runs"]["a"]] == [0]
+    verdicts = [line for line in proc.stdout.splitlines() if "(target <=" in line]
+    assert len(verdicts) == 2 and all(line.endswith(("PASS", "FAIL")) for line in verdicts), proc.stdout

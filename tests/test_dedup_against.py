@@ -16,9 +16,10 @@ import zarr
 from tokenizers import Tokenizer
 
 from tests.helpers import SAMPLE, refused, run_pipeline, stats, write_jsonl
-from transforms.tokenize.report_files import document_at, read_report
+from tests.test_resume import corpus, dataset_digest, job_args, kill_when, resume, shards_recorded
 from transforms.checksums import Damaged
 from transforms.tokenize.dedup_index import BYTES_PER_DOCUMENT, INDEX_DIRECTORY, decode_index, encode_index
+from transforms.tokenize.report_files import document_at, read_report
 
 MULTI = ["--direct_num_workers=2", "--direct_running_mode=multi_processing"]
 
@@ -172,3 +173,20 @@ def test_the_report_names_the_earlier_dataset_as_kept(days):
     assert {r["kept_file"] for r in rows} == {str(root / "2024-06-01.zarr")}
     removed = Counter(document_at(r["removed_file"], r["removed_offset"]) for r in rows)
     assert removed == Counter(t["repeats_2"] + t["repeats_2"][:3])
+
+
+@pytest.mark.slow
+def test_a_killed_run_resumes_to_the_same_bytes_index_included(tmp_path):
+    corpus(tmp_path / "in")  # 8 files of 500 distinct documents
+    earlier = tmp_path / "earlier.zarr"
+    run_pipeline("--input", tmp_path / "in" / "part-0.jsonl", "--input", tmp_path / "in" / "part-1.jsonl",
+                 "--tokenizer", "bytes", "--dedup", "exact", "--output", earlier)
+    args = job_args(tmp_path, "--dedup", "exact", "--dedup_against", earlier)
+    ref = tmp_path / "ref.zarr"
+    run_pipeline(*args, "--output", ref)
+    out = tmp_path / "out.zarr"
+    kill_when(args, out, lambda: shards_recorded(out) >= 2)
+    resume(args, out, tmp_path / "summary.json")
+    assert dataset_digest(out) == dataset_digest(ref)
+    assert any(name.startswith(INDEX_DIRECTORY) for name in dataset_digest(out))
+    assert stats(out)["dedup_against"] == 1000 and stats(out)["dedup_against_by_dataset"] == {str(earlier): 1000}
