@@ -16,7 +16,7 @@ import sys
 from fsspec.core import url_to_fs
 
 from transforms.read.inputs import absolute
-from transforms.tokenize.dedup_index import INDEX_DIRECTORY, MissingIndex, is_index_file
+from transforms.tokenize.index_files import INDEX_DIRECTORY, MissingIndex, is_index_file
 from transforms.write.zarr_store import read_root_attributes
 
 _DATED = re.compile(r"(\d{4}-\d{2}-\d{2})(.*)")

@@ -43,7 +43,7 @@ from transforms.write import rejected
 from transforms.write.ownership import DATASET_ENTRIES, OWN_PREFIX, contains, location, refuse_overlaps
 from transforms.progress import ProgressLogger
 from transforms.tokenize.report_files import ReportPathError, check_report_writable
-from transforms.tokenize.dedup_index import MissingIndex
+from transforms.tokenize.index_files import MissingIndex
 from transforms.tokenize.tokenizer import TokenizerError
 
 USAGE_ERROR = 2

@@ -15,10 +15,11 @@ import pytest
 import zarr
 from tokenizers import Tokenizer
 
+from pipeline import verify
 from tests.helpers import SAMPLE, refused, run_pipeline, stats, write_jsonl
 from tests.test_resume import corpus, dataset_digest, job_args, kill_when, resume, shards_recorded
 from transforms.checksums import Damaged
-from transforms.tokenize.dedup_index import BYTES_PER_DOCUMENT, INDEX_DIRECTORY, decode_index, encode_index
+from transforms.tokenize.index_files import BYTES_PER_DOCUMENT, INDEX_DIRECTORY, decode_index, encode_index
 from transforms.tokenize.report_files import document_at, read_report
 
 MULTI = ["--direct_num_workers=2", "--direct_running_mode=multi_processing"]
@@ -190,3 +191,22 @@ def test_a_killed_run_resumes_to_the_same_bytes_index_included(tmp_path):
     assert dataset_digest(out) == dataset_digest(ref)
     assert any(name.startswith(INDEX_DIRECTORY) for name in dataset_digest(out))
     assert stats(out)["dedup_against"] == 1000 and stats(out)["dedup_against_by_dataset"] == {str(earlier): 1000}
+
+
+@pytest.mark.slow
+def test_a_damaged_index_fails_verify_and_the_build_against_it(tmp_path):
+    texts = sample_texts()
+    write_jsonl(tmp_path / "a.jsonl", texts[:60])
+    write_jsonl(tmp_path / "b.jsonl", texts[40:100])
+    earlier = tmp_path / "a.zarr"
+    run_pipeline("--input", tmp_path / "a.jsonl", "--tokenizer", "bytes", "--dedup", "exact", "--output", earlier)
+    assert verify.verify_dataset(str(earlier)) == []
+    damaged = sorted((earlier / INDEX_DIRECTORY).iterdir())[0]
+    data = bytearray(damaged.read_bytes())
+    data[20] ^= 1
+    damaged.write_bytes(bytes(data))
+    problems = verify.verify_dataset(str(earlier))
+    assert len(problems) == 1 and damaged.name in problems[0] and "damaged" in problems[0]
+    proc = run_pipeline("--input", tmp_path / "b.jsonl", "--tokenizer", "bytes", "--dedup", "exact",
+                        "--dedup_against", earlier, "--output", tmp_path / "b.zarr", check=False)
+    assert proc.returncode == 1 and damaged.name in proc.stderr and "damaged" in proc.stderr

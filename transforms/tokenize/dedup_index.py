@@ -22,8 +22,6 @@ Which texts are indexed: every text the dedup step kept, before --min_tokens / -
 (a text dropped as too short is listed: a later build drops it too, as a copy of it).
 """
 import posixpath
-import re
-import struct
 from dataclasses import dataclass
 
 import apache_beam as beam
@@ -31,55 +29,13 @@ import numpy as np
 from fsspec.core import url_to_fs
 
 from transforms import create_only, hashing
-from transforms.checksums import seal, unseal
 from transforms.records import RecordCoder
+from transforms.tokenize.index_files import INDEX_DIRECTORY, INDEX_MAGIC, decode_index, encode_index, index_file_name
 
-INDEX_DIRECTORY = "dedup_index"  # inside the dataset (transforms/write/ownership.py knows it as the layout's)
-INDEX_MAGIC = b"FTx1"  # "flat-tokens, exact-text index, version 1"
 INDEX_DOCUMENTS = "dedup_index_documents"  # count keys: documents indexed, bytes written, files written
 INDEX_BYTES = "dedup_index_bytes"
 INDEX_FILES = "dedup_index_files"
 AGAINST = "dedup_against"  # count key prefix: texts removed as held by earlier dataset i ("dedup_against:i")
-BYTES_PER_DOCUMENT = 17
-_HEADER = len(INDEX_MAGIC) + 8
-_FILE = re.compile(r"exact-[0-9]{5}-of-[0-9]{5}\.bin")
-
-
-class MissingIndex(ValueError):
-    """An earlier dataset given to --dedup_against cannot be used: uncommitted, or no index."""
-
-
-def index_file_name(shard: int, shards: int) -> str:
-    return f"exact-{shard:05d}-of-{shards:05d}.bin"
-
-
-def is_index_file(name: str) -> bool:
-    return bool(_FILE.fullmatch(posixpath.basename(name)))
-
-
-def encode_index(digests: np.ndarray, splits: np.ndarray) -> bytes:
-    """Sealed index bytes for texts (their (n, 2) uint64 digests, int8 splits), sorted by digest:
-    the same texts give the same bytes whatever order they arrived in."""
-    order = np.lexsort((digests[:, 1], digests[:, 0]))
-    payload = (INDEX_MAGIC + struct.pack("<Q", order.size) + digests[order].astype("<u8").tobytes()
-               + splits[order].astype(np.int8).tobytes())
-    return seal(payload)
-
-
-def decode_index(data, name: str) -> tuple[np.ndarray, np.ndarray]:
-    """(digests (n, 2) uint64, splits int8) of a sealed index file; checksums.Damaged, naming
-    `name`, when it is not whole."""
-    payload = unseal(data, name)
-    if payload.nbytes < _HEADER or bytes(payload[:len(INDEX_MAGIC)]) != INDEX_MAGIC:
-        raise MissingIndex(f"{name}: not a dedup index file of this version (no {INDEX_MAGIC!r} header)")
-    n = struct.unpack("<Q", payload[len(INDEX_MAGIC):_HEADER])[0]
-    if payload.nbytes != _HEADER + BYTES_PER_DOCUMENT * n:
-        raise MissingIndex(f"{name}: holds {payload.nbytes} bytes, {_HEADER + BYTES_PER_DOCUMENT * n} for its {n} "
-                           f"documents")
-    body = np.frombuffer(payload, dtype=np.uint8, offset=_HEADER)
-    digests = body[:16 * n].view("<u8").astype(np.uint64).reshape(-1, 2)
-    splits = body[16 * n:].view(np.int8).copy()
-    return digests, splits
 
 
 def index_stats(counts: dict) -> dict | None:
