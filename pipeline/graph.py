@@ -7,7 +7,9 @@
 
 The bracketed steps run with --dedup (exact or near: near-copies are found inside the
 dedup step, transforms/tokenize/near_dedup.py), --min_tokens or --max_tokens, and --mixture
-only; without them the graph is the plain one. Each step comes from the stage package named
+only; without them the graph is the plain one. With --dedup, the kept texts' digests are also
+written as the dataset's dedup index, and --dedup_against joins earlier datasets' indexes into
+the dedup step (transforms/tokenize/dedup_index.py). Each step comes from the stage package named
 in its import, in the order of the sentence (the map: docs/design.md).
 
 `build_pipeline` only wires transforms; pipeline/plan.py turns options into the JobPlan it
@@ -126,7 +128,8 @@ def build_pipeline(p: beam.Pipeline, plan: JobPlan):
                          rewrite=resume.rewrite if resume else ()), layout_view))
     if distinct is not None and distinct.report is not None:  # written once the output is ours, counted at commit
         counts_of_report = distinct.report | "ReportDuplicates" >> WriteDedupReport(
-            plan.dedup_report, plan.target.run_id, plan.dedup_shards, {f.key: f.url for f in plan.files} | {earlier_key(i): url for i, url in enumerate(plan.dedup_against)},
+            plan.dedup_report, plan.target.run_id, plan.dedup_shards,
+            {f.key: f.url for f in plan.files} | {earlier_key(i): url for i, url in enumerate(plan.dedup_against)},
             singleton(created), so)
         counts = ((counts, counts_of_report) | "WithReportCounts" >> beam.Flatten()
                   | "SumReportCounts" >> beam.CombineGlobally(SumCounts()).without_defaults())

@@ -55,7 +55,7 @@ class JobPlan:
     dedup_shards: int | None = None  # --dedup exact or near: shards of the dedup shuffle; None: no dedup
     near: tuple[MinHashSettings, float] | None = None  # --dedup near: (signatures and bands, threshold)
     dedup_report: str | None = None  # --dedup_report: the report's directory (transforms/tokenize/dedup_report.py)
-    dedup_against: list[str] = field(default_factory=list)  # --dedup_against: the earlier datasets (pipeline/earlier.py)
+    dedup_against: list[str] = field(default_factory=list)  # --dedup_against's datasets (pipeline/earlier.py)
     earlier_index: list[tuple[int, str]] = field(default_factory=list)  # their index files: (dataset number, URL)
     mixture: mix.Mixture | None = None
     source_of_input: list[int] | None = None  # with a mixture: the source of each input index
