@@ -440,7 +440,8 @@ def test_values_the_regexes_accept_are_values_the_job_accepts(name):
         if name == "mixture":
             del base["input"]
         extra = {"chunks_per_shard": ["--zarr_format=3"], "long_documents": ["--max_tokens=100"],
-                 "dedup_report": ["--dedup=exact"], **{n: ["--dedup=near"] for n in NEAR_OPTIONS}}.get(name, [])
+                 "dedup_report": ["--dedup=exact"], "dedup_against": ["--dedup=exact"],
+                 **{n: ["--dedup=near"] for n in NEAR_OPTIONS}}.get(name, [])
         argv = launcher.template_argv([*(f"--{k}={v}" for k, v in base.items() if k != name),
                                        f"--{name}={value}", *extra])
         try:
