@@ -7,7 +7,9 @@
 
 The bracketed steps run with --dedup (exact or near: near-copies are found inside the
 dedup step, transforms/tokenize/near_dedup.py), --min_tokens or --max_tokens, and --mixture
-only; without them the graph is the plain one. Each step comes from the stage package named
+only; without them the graph is the plain one. With --dedup, the kept texts' digests are also
+written as the dataset's dedup index, and --dedup_against joins earlier datasets' indexes into
+the dedup step (transforms/tokenize/dedup_index.py). Each step comes from the stage package named
 in its import, in the order of the sentence (the map: docs/design.md).
 
 `build_pipeline` only wires transforms; pipeline/plan.py turns options into the JobPlan it
@@ -39,7 +41,8 @@ from transforms.records import TokenizedBatch
 from transforms.staging import StagingArea
 from transforms.shuffle.shuffle_globally import count_copies
 from transforms.shuffle.weigh_sources import count_source_documents
-from transforms.tokenize.dedup_report import WriteDedupReport
+from transforms.tokenize.dedup_index import WriteIndexShard, read_earlier
+from transforms.tokenize.dedup_report import WriteDedupReport, earlier_key
 from transforms.tokenize.staged import ReplayStagedUnits, TokenizeAndStage
 from transforms.write.finished import SIZES, ReplayFinishedShards
 
@@ -71,10 +74,15 @@ def build_pipeline(p: beam.Pipeline, plan: JobPlan):
     batches = tokenized
     distinct = None
     if plan.dedup_shards is not None:
+        earlier = None
+        if plan.dedup_against:  # one element per earlier index file: read where it is keyed, never gathered
+            earlier = (p | "EarlierIndexFiles" >> beam.Create(plan.earlier_index)
+                       | "SpreadIndexFiles" >> beam.Reshuffle()
+                       | "ReadEarlierIndexes" >> beam.FlatMap(read_earlier, plan.seed, plan.dedup_shards, so))
         distinct = tokenized | "DropDuplicates" >> DropDuplicates(
             plan.seed, plan.validation_fraction, plan.dedup_shards,
             plan.source_of_input if plan.mixture is not None else plan.record_sources, plan.near, plan.spill_dir,
-            report=plan.dedup_report is not None)
+            report=plan.dedup_report is not None, earlier=earlier)
         batches = distinct.batches
         counted.append(distinct.counts)
     if plan.length_limits.active():
@@ -120,10 +128,16 @@ def build_pipeline(p: beam.Pipeline, plan: JobPlan):
                          rewrite=resume.rewrite if resume else ()), layout_view))
     if distinct is not None and distinct.report is not None:  # written once the output is ours, counted at commit
         counts_of_report = distinct.report | "ReportDuplicates" >> WriteDedupReport(
-            plan.dedup_report, plan.target.run_id, plan.dedup_shards, {f.key: f.url for f in plan.files},
+            plan.dedup_report, plan.target.run_id, plan.dedup_shards,
+            {f.key: f.url for f in plan.files} | {earlier_key(i): url for i, url in enumerate(plan.dedup_against)},
             singleton(created), so)
         counts = ((counts, counts_of_report) | "WithReportCounts" >> beam.Flatten()
                   | "SumReportCounts" >> beam.CombineGlobally(SumCounts()).without_defaults())
+    if distinct is not None:  # the dataset's dedup index: written once the output is ours, counted at commit
+        counts_of_index = distinct.batches | "WriteDedupIndex" >> beam.ParDo(
+            WriteIndexShard(plan.target.url, plan.seed, plan.dedup_shards, so), singleton(created))
+        counts = ((counts, counts_of_index) | "WithIndexCounts" >> beam.Flatten()
+                  | "SumIndexCounts" >> beam.CombineGlobally(SumCounts()).without_defaults())
     reports = corpus.rejected | "ReportRejectedLines" >> WriteRejectedLines(
         plan.rejected_url, beam.pvalue.AsList(corpus.line_counts), singleton(created), so, plan.target.run_id)
     ready = counts | "CheckRejectedFraction" >> beam.ParDo(

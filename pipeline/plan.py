@@ -10,7 +10,7 @@ import math
 import uuid
 from dataclasses import dataclass, field, replace
 
-from pipeline import __version__
+from pipeline import __version__, earlier
 from pipeline.options import DEFAULT_SHARD_MB, FlatTokensOptions, OptionError, validation_fraction
 from transforms.read import mixture as mix
 from transforms.read.corpus import peek_input
@@ -55,6 +55,8 @@ class JobPlan:
     dedup_shards: int | None = None  # --dedup exact or near: shards of the dedup shuffle; None: no dedup
     near: tuple[MinHashSettings, float] | None = None  # --dedup near: (signatures and bands, threshold)
     dedup_report: str | None = None  # --dedup_report: the report's directory (transforms/tokenize/dedup_report.py)
+    dedup_against: list[str] = field(default_factory=list)  # --dedup_against's datasets (pipeline/earlier.py)
+    earlier_index: list[tuple[int, str]] = field(default_factory=list)  # their index files: (dataset number, URL)
     mixture: mix.Mixture | None = None
     source_of_input: list[int] | None = None  # with a mixture: the source of each input index
     record_sources: list[int] | None = None  # --record_sources: the recorded source of each input index
@@ -195,6 +197,9 @@ def plan_job(o: FlatTokensOptions, storage_options: dict | None = None, run_id: 
     }
     if o.dedup_report:
         provenance["dedup_report"] = absolute(o.dedup_report)
+    against = earlier.resolve_datasets(o.dedup_against, o.output, storage_options) if o.dedup_against else []
+    if against:
+        provenance["dedup_against"] = against
     if names is not None:
         provenance["sources"] = names
     if o.dedup == "near":
@@ -209,6 +214,7 @@ def plan_job(o: FlatTokensOptions, storage_options: dict | None = None, run_id: 
         input_bytes=all_bytes, provenance=provenance, row_groups=row_groups,
         dedup_shards=(o.num_shards or auto_shards(all_bytes)) if o.dedup != "none" else None,
         near=near_settings(o), dedup_report=absolute(o.dedup_report) if o.dedup_report else None,
+        dedup_against=against, earlier_index=earlier.index_files(against, storage_options),
         mixture=inputs.mixture, source_of_input=inputs.source_of_input, record_sources=record,
         skipped_files=inputs.skipped, length_limits=limits)
 

@@ -393,6 +393,7 @@ def dedup_report(d: dict) -> list[str]:
                    f'<div class="pairs"><b>removed</b><b>kept</b>')
         for p in d["pairs"]:
             how = ("exact copy" if p["match"] == "exact" else
+                   "exact copy of a text an earlier dataset holds" if p["match"] == "earlier" else
                    f"near-copy, estimated Jaccard {p['estimated_similarity']:.3f}")
             out.append(f'<p class="where">{esc(p["removed_file"])} @ {esc(p["removed_offset"])} | kept '
                        f'{esc(p["kept_file"])} @ {esc(p["kept_offset"])} ({how})</p>'

@@ -43,6 +43,7 @@ from transforms.write import rejected
 from transforms.write.ownership import DATASET_ENTRIES, OWN_PREFIX, contains, location, refuse_overlaps
 from transforms.progress import ProgressLogger
 from transforms.tokenize.report_files import ReportPathError, check_report_writable
+from transforms.tokenize.index_files import MissingIndex
 from transforms.tokenize.tokenizer import TokenizerError
 
 USAGE_ERROR = 2
@@ -167,6 +168,7 @@ def format_summary(summary: dict) -> str:
              f"  input: {s['documents']:,} documents, {s['blank']:,} blank lines, {s['rejected']:,} rejected lines, "
              f"{s['empty']:,} empty documents (dropped)"
              + (f", {s['duplicates']:,} duplicates (removed)" if s.get("duplicates") else "")
+             + (f", {s['dedup_against']:,} texts held by earlier datasets (removed)" if "dedup_against" in s else "")
              + (f", {s['too_short']:,} shorter than --min_tokens (dropped)" if "too_short" in s else "")
              + (f", {s['truncated']:,} truncated to --max_tokens ({s['truncated_tokens']:,} tokens dropped)"
                 if s.get("truncated") else "")
@@ -444,7 +446,7 @@ def _main(argv, options, ft, stopping: _Stopping) -> int:
         rejected.check_writable(plan.rejected_url, plan.target.run_id, plan.target.storage_options)
         if plan.dedup_report:  # written after every document was deduplicated: find out now
             check_report_writable(plan.dedup_report, plan.target.run_id, plan.target.storage_options)
-    except (OptionError, InputError, TokenizerError, zarr_store.OutputError, ReportPathError) as e:
+    except (OptionError, InputError, TokenizerError, zarr_store.OutputError, ReportPathError, MissingIndex) as e:
         return _fail(str(e), USAGE_ERROR)
     plan.resume = resume.prepare(plan, ft, found, plan.target.storage_options)
     for notable, line in resume.describe(plan.resume):

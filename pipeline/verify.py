@@ -47,6 +47,7 @@ import zarr
 from pipeline import VERSION, read_guard
 from transforms.gcs import close_gcs_sessions_at_exit
 from transforms.own_names import is_own_name
+from transforms.tokenize.index_files import index_problems
 from transforms.write import chunk_checksums
 from transforms.write.chunk_objects import chunk_objects, missing_objects
 from transforms.write.ownership import conflicts, refusals
@@ -134,6 +135,8 @@ def check_dataset(url: str, *, block: int = DEFAULT_BLOCK, storage_options: dict
             summaries[name] = summary
     if "stats" in attrs:
         problems += check_stats(attrs["stats"], summaries)
+    if isinstance(attrs.get("stats"), dict) and attrs["stats"].get("dedup_index"):  # --dedup exact or near
+        problems += index_problems(fs, base, attrs["stats"]["dedup_index"])
     problems += check_sources(root, attrs, summaries, block)
     return problems, summaries
 

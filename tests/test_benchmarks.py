@@ -1,5 +1,6 @@
 """Smoke tests of benchmarks/bench_pipeline.py, bench_reader.py, bench_resume.py, bench_unit_check.py,
-bench_codecs.py, bench_runners.py, bench_checksums.py, bench_dedup.py, bench_report.py, bit_flips.py and
+bench_codecs.py, bench_runners.py, bench_checksums.py, bench_dedup.py, bench_dedup_against.py, bench_report.py,
+bit_flips.py and
 simulate_scale.py on tiny
 inputs: they run end to end and
 report every field (no timing assertions: the numbers depend on the machine)."""
@@ -431,3 +432,23 @@ def test_bench_report_smoke(tmp_path):
     assert len(lines) == 2 and all("s wall" in line and "s its own" in line for line in lines), proc.stdout
     assert "4,096 tokens" in lines[1] and "256 sequence lengths" in lines[1]  # the larger one is sampled
     assert "ratio 1 MB / 0.2 MB:" in proc.stdout
+
+
+@pytest.mark.slow
+def test_bench_dedup_against_smoke(tmp_path):
+    """benchmarks/bench_dedup_against.py: the index's bytes per document, and CPU with and without."""
+    texts = [json.loads(line)["text"] for line in open(SAMPLE / "corpus-1.jsonl", encoding="utf-8")][:300]
+    corpus = write_jsonl(tmp_path / "tiny.jsonl", texts)
+    results = tmp_path / "bench.json"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "bench_dedup_against.py"), "--input", str(corpus), "--tokenizer",
+         "bytes", "--days", "2", "--documents_per_day", "200", "--rounds", "1", "--json", str(results),
+         "--workdir", str(tmp_path / "work")],
+        cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
+    r = json.loads(results.read_text())
+    assert r["indexed"] == 400 and 17 <= r["index_bytes_per_document"] < 18  # 17 a document, 20 a file
+    assert [run["removed"] for run in r["runs"]["b"]] == [r["repeated"]] == [20]
+    assert [run["removed"] for run in r["runs"]["a"]] == [0]
+    verdicts = [line for line in proc.stdout.splitlines() if "(target <=" in line]
+    assert len(verdicts) == 2 and all(line.endswith(("PASS", "FAIL")) for line in verdicts), proc.stdout

@@ -440,7 +440,8 @@ def test_values_the_regexes_accept_are_values_the_job_accepts(name):
         if name == "mixture":
             del base["input"]
         extra = {"chunks_per_shard": ["--zarr_format=3"], "long_documents": ["--max_tokens=100"],
-                 "dedup_report": ["--dedup=exact"], **{n: ["--dedup=near"] for n in NEAR_OPTIONS}}.get(name, [])
+                 "dedup_report": ["--dedup=exact"], "dedup_against": ["--dedup=exact"],
+                 **{n: ["--dedup=near"] for n in NEAR_OPTIONS}}.get(name, [])
         argv = launcher.template_argv([*(f"--{k}={v}" for k, v in base.items() if k != name),
                                        f"--{name}={value}", *extra])
         try:
@@ -545,7 +546,7 @@ TEMPLATE_VALUES = {  # every optional parameter, as Dataflow passes it (validati
     "min_tokens": "2", "max_tokens": "4096", "long_documents": "split",
 }
 # The parameters `launched` cannot combine with its input/validation_input: see the mixture launch below.
-LAUNCHED_APART = {"mixture"}
+LAUNCHED_APART = {"mixture", "dedup_against"}  # dedup_against: the next day's launch, below
 
 
 @pytest.fixture(scope="module")
@@ -557,7 +558,8 @@ def launched(tmp_path_factory):
     summary = root / "summary.json"
     params = {"input": str(SAMPLE / "corpus-1.jsonl"), "validation_input": str(SAMPLE / "corpus-2.jsonl"),
               "output": str(out), "tokenizer": str(SAMPLE / "tokenizer.json"),
-              "rejected_output": str(root / "rejected"), **TEMPLATE_VALUES}
+              "rejected_output": str(root / "rejected"), "dedup_report": str(root / "dedup-report"),
+              **TEMPLATE_VALUES}
     argv = [f"--{k}={v}" for k, v in params.items()] + ["--runner=DirectRunner", f"--summary_json={summary}"]
     proc = subprocess.run([sys.executable, str(LAUNCHER), *argv], cwd=root, capture_output=True, text=True,
                           timeout=600)
@@ -779,6 +781,38 @@ def test_run_daily_reports_an_already_built_day_and_refuses_overwrite(launched):
     proc = subprocess.run(["bash", script, *args, "--overwrite"], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == 2 and "not allowed" in proc.stderr
+
+
+@pytest.mark.slow
+def test_the_next_day_is_deduplicated_against_the_earlier_ones(launched, tmp_path):
+    """run_daily.sh with --dedup passes the committed earlier dates under the prefix; a later
+    date, an uncommitted one and another suffix are left out."""
+    assert launched.proc.returncode == 0
+    prefix = launched.out.parent
+    (prefix / "2024-05-31.zarr").mkdir()  # a failed earlier day: nothing committed
+    (prefix / "2024-06-09.zarr").mkdir()  # a later day
+    (prefix / "2024-05-30.tmp").mkdir()  # another suffix
+    day_2 = prefix / "2024-06-04.zarr"
+    script = str(SCHEDULED / "run_daily.sh")
+    env = {**os.environ, "PYTHON": sys.executable}
+    proc = subprocess.run(["bash", script, str(day_2), "--input", str(SAMPLE / "corpus-1.jsonl"), "--tokenizer",
+                           str(SAMPLE / "tokenizer.json"), "--dedup", "exact",
+                           "--rejected_output", str(tmp_path / "rejected")],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "2024-05-31.zarr is not committed" in proc.stderr
+    stats = json.loads(proc.stdout.strip().splitlines()[-1])["stats"]
+    # Day 1 read corpus-1.jsonl too: every text of it that day 1's dedup kept is removed here.
+    assert list(stats["dedup_against_by_dataset"]) == [str(launched.out)]
+    assert stats["dedup_against"] > 0.9 * (stats["documents"] - stats["empty"] - stats["duplicates"])
+    # The DAG passes the same window as a glob over the prefix: the launcher skips the
+    # uncommitted matches and the output itself.
+    day_3 = prefix / "2024-06-05.zarr"
+    argv = [f"--input={SAMPLE / 'corpus-2.jsonl'}", f"--output={day_3}", "--tokenizer=bytes", "--dedup=exact",
+            f"--dedup_against={prefix}/*.zarr", f"--rejected_output={tmp_path / 'rejected-3'}"]
+    assert load_launcher().main(argv) == 0
+    by_dataset = zarr.open_group(str(day_3), mode="r").attrs["stats"]["dedup_against_by_dataset"]
+    assert list(by_dataset) == [str(launched.out), str(day_2)] and by_dataset[str(launched.out)] > 0
 
 
 # ---------------------------------------------------------------------------------------------

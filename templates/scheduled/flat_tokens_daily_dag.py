@@ -92,7 +92,9 @@ with DAG(
     schedule="@daily",
     start_date=datetime(2024, 6, 1),
     catchup=False,
-    max_active_runs=4,
+    # One day at a time: each build removes the texts of every committed day under the prefix
+    # (dedup_against below); two days built at once could both keep a text new to both.
+    max_active_runs=1,
     default_args={"retries": 2},  # a retry launches the same parameters: it resumes the failed job's output
     tags=["flat-tokens", "dataflow"],
 ) as dag:
@@ -116,6 +118,11 @@ with DAG(
                     "seed": "0",
                     "zarr_format": "2",
                     "codec": "zstd",
+                    # Each text once across the dated datasets: removed when a committed day under
+                    # the prefix holds it (days being built are skipped; the output itself too),
+                    # reading only their dedup indexes (docs/dedup.md, "Across datasets").
+                    "dedup": "exact",
+                    "dedup_against": f"gs://{BUCKET}/{OUTPUT_PREFIX}/*.zarr",
                     # No "overwrite": an existing non-empty output makes the launch fail with
                     # exit 2 before any data is read, so a finished day is never replaced.
                     "sdk_container_image": IMAGE,

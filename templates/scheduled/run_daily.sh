@@ -24,6 +24,13 @@
 #      exists but is neither a committed dataset nor resumable with these options (e.g. left by a
 #      failed run with other options): do not retry blindly.
 #
+# Across days: with --dedup exact or near and no --dedup_against of its own, the build is
+# deduplicated against every earlier date under the same prefix (OUTPUT's committed siblings
+# named YYYY-MM-DD with the same suffix and an earlier date: `python -m pipeline.earlier
+# OUTPUT` lists them), so the dated datasets together hold each text once, in the split of
+# the day that first held it (docs/dedup.md, "Across datasets"). DEDUP_AGAINST_EARLIER=0
+# turns that off.
+#
 # PYTHON (default: python) is the interpreter that has this package installed.
 set -uo pipefail
 
@@ -34,17 +41,30 @@ if [[ $# -lt 1 || $1 == -* ]]; then
 fi
 OUTPUT=$1
 shift
+dedup=none
+against=0
+previous=
 for arg in "$@"; do
+    [[ $previous == --dedup ]] && dedup=$arg
+    previous=$arg
     case $arg in
+        --dedup=*) dedup=${arg#--dedup=} ;;
+        --dedup_against|--dedup_against=*) against=1 ;;
         --overwrite|--overwrite=*) echo "run_daily.sh: --overwrite is not allowed here: a scheduled run never replaces a dataset" >&2; exit 2 ;;
         --output|--output=*|--summary_json|--summary_json=*) echo "run_daily.sh: $arg is set by this script" >&2; exit 2 ;;
     esac
 done
 
+EARLIER=()
+if [[ ${DEDUP_AGAINST_EARLIER:-1} != 0 && $against == 0 && ( $dedup == exact || $dedup == near ) ]]; then
+    listed=$("$PYTHON" -m pipeline.earlier "$OUTPUT") || exit 2
+    [[ -n $listed ]] && mapfile -t EARLIER <<< "$listed"
+fi
+
 SUMMARY=$(mktemp "${TMPDIR:-/tmp}/flat-tokens-summary.XXXXXX.json")
 trap 'rm -f "$SUMMARY"' EXIT
 
-"$PYTHON" -m pipeline.run --output "$OUTPUT" --summary_json "$SUMMARY" "$@"
+"$PYTHON" -m pipeline.run --output "$OUTPUT" --summary_json "$SUMMARY" "$@" "${EARLIER[@]}"
 rc=$?
 case $rc in
     0)

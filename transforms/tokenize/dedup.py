@@ -26,7 +26,7 @@ from transforms.read import mixture
 from transforms.read.inputs import input_index
 from transforms.records import SPLITS, DedupPart, DistinctBatch, TokenizedBatch, narrowest_ids
 from transforms.segments import gather_segments, groups_of
-from transforms.tokenize import dedup_report
+from transforms.tokenize import dedup_index, dedup_report
 from transforms.tokenize.near_dedup import FindNearDuplicates
 
 COUNTS = "counts"
@@ -69,6 +69,9 @@ def drop_duplicates(keyed_parts, seed: int, validation_fraction: float, source_o
     """(shard, DedupParts) -> one DistinctBatch of the shard's distinct texts, and (tagged
     `counts`) the copies removed, in total and per source of the removed copy.
 
+    With --dedup_against, (shard, {parts, earlier, ...}): a kept text that an earlier dataset
+    holds (dedup_index.held_earlier) is removed too, counted per earlier dataset.
+
     With --dedup near, (shard, {parts, decisions}): the texts that FindNearDuplicates found
     to be near-copies of another are removed too (counted per source of their kept copy),
     and each kept text of a cluster gets its cluster's split.
@@ -77,9 +80,11 @@ def drop_duplicates(keyed_parts, seed: int, validation_fraction: float, source_o
     the removed copies (dedup_report.removal_rows) and the places of the kept texts that near
     decisions may name, keyed by dedup shard."""
     _, grouped = keyed_parts
-    decisions = None
+    decisions = earlier = None
     if isinstance(grouped, dict):
-        parts, decisions = list(grouped["parts"]), list(grouped["decisions"])
+        parts = list(grouped["parts"])
+        decisions = list(grouped["decisions"]) if "decisions" in grouped else None
+        earlier = list(grouped["earlier"]) if "earlier" in grouped else None
     else:
         parts = list(grouped)
     if not parts:
@@ -126,14 +131,22 @@ def drop_duplicates(keyed_parts, seed: int, validation_fraction: float, source_o
         if source_of_input is not None:
             for source, n in enumerate(np.bincount(sources[kept[near]], minlength=max(source_of_input) + 1).tolist()):
                 counts[mixture.source_key(source, mixture.NEAR_DUPLICATES)] = n
+    held = None
+    if earlier is not None:  # --dedup_against: a text an earlier dataset holds is removed, whatever its split
+        held = dedup_index.held_earlier(digests[kept], earlier)
+        held[near] = -1  # removed already, as a near-copy
     if report_shards is not None:
         keys = np.repeat(np.array([p.file_key for p in parts], dtype=object), sizes)
         if decisions is None:
             kept_digests, similarity = digests[kept], np.ones(kept.size, dtype=np.float32)
         for keyed in dedup_report.removal_rows(keys, offsets, digests, order, starts, near, kept_digests, similarity,
-                                               seed, report_shards):
+                                               seed, report_shards, held):
             yield beam.pvalue.TaggedOutput(REPORT, keyed)
-    if decisions is not None:
+    if held is not None:
+        for dataset, n in zip(*np.unique(held[held >= 0], return_counts=True)):
+            counts[f"{dedup_index.AGAINST}:{int(dataset)}"] = int(n)
+        near = near | (held >= 0)
+    if decisions is not None or earlier is not None:
         kept, splits = kept[~near], splits[~near]
     yield DistinctBatch(digests=digests[kept], splits=splits.astype(np.int8), sources=sources[kept],
                         lengths=lengths[kept], ids=narrowest_ids(kept_documents(parts, sizes, lengths, kept)))
@@ -213,8 +226,9 @@ class DropDuplicates(beam.PTransform):
 
     def __init__(self, seed: int, validation_fraction: float, num_shards: int,
                  source_of_input: list[int] | None = None, near: tuple | None = None, spill_dir: str | None = None,
-                 report: bool = False):
+                 report: bool = False, earlier=None):
         super().__init__()
+        self._earlier = earlier  # --dedup_against: (shard, EarlierTexts) (dedup_index.read_earlier)
         self._report = report
         self._spill_dir = spill_dir
         self._seed = seed
@@ -227,14 +241,19 @@ class DropDuplicates(beam.PTransform):
         parts = batches | "KeyByContent" >> beam.FlatMap(key_by_content, self._seed, self._num_shards) \
             .with_output_types(tuple[int, DedupPart])
         counted = []
-        if self._near is None:
-            grouped = parts | "GroupByContent" >> beam.GroupByKey()
-        else:
+        joined = {"parts": parts}
+        if self._near is not None:
             settings, threshold = self._near
             decisions, near_counts = batches | "FindNearDuplicates" >> FindNearDuplicates(
                 settings, threshold, self._seed, self._validation_fraction, self._num_shards, self._spill_dir)
             counted.append(near_counts)
-            grouped = {"parts": parts, "decisions": decisions} | "GroupByContent" >> beam.CoGroupByKey()
+            joined["decisions"] = decisions
+        if self._earlier is not None:
+            joined["earlier"] = self._earlier
+        if len(joined) == 1:
+            grouped = parts | "GroupByContent" >> beam.GroupByKey()
+        else:
+            grouped = joined | "GroupByContent" >> beam.CoGroupByKey()
         distinct = grouped | "KeepOneCopy" >> beam.FlatMap(
             drop_duplicates, self._seed, self._validation_fraction, self._source_of_input,
             self._num_shards if self._report else None) \

@@ -28,7 +28,7 @@ from fsspec.core import url_to_fs
 from transforms import create_only, hashing
 from transforms.read.inputs import place_name
 from transforms.records import RecordCoder
-from transforms.tokenize.report_files import PARQUET_SUFFIX, report_file_name, report_format
+from transforms.tokenize.report_files import EARLIER, PARQUET_SUFFIX, report_file_name, report_format
 
 REPORT_ROWS = "dedup_report_rows"  # the count key: rows written
 
@@ -36,6 +36,11 @@ REPORT_ROWS = "dedup_report_rows"  # the count key: rows written
 class ReportConflict(RuntimeError):
     """A report file's name holds other rows (not this run's): it is not replaced."""
 EXACT, NEAR = "exact", "near"
+EARLIER_KEY = "earlier:"  # kept file key of such a row: "earlier:<dataset number>" (the index has no places)
+
+
+def earlier_key(dataset: int) -> str:
+    return f"{EARLIER_KEY}{dataset}"
 
 
 @dataclass
@@ -75,24 +80,34 @@ for _record in (ReportRows, KeptPlaces):
 
 def removal_rows(keys: np.ndarray, offsets: np.ndarray, digests: np.ndarray, order: np.ndarray,
                  starts: np.ndarray, near: np.ndarray, kept_digests: np.ndarray, similarity: np.ndarray,
-                 seed: int, num_shards: int):
+                 seed: int, num_shards: int, held: np.ndarray | None = None):
     """One dedup shard's rows, keyed by the dedup shard where each is completed.
 
     `keys`, `offsets`, `digests`: the shard's copies; `order` sorts them by text, then place,
     each text's copies starting at `starts` (the first is its kept copy); `near`: whether
     each text was removed as a near-copy, for the kept text of `kept_digests` at estimated
-    `similarity`. Yields (shard, ReportRows) and (shard, KeptPlaces)."""
+    `similarity`. `held` (--dedup_against): per text, the earlier dataset that holds it, or -1;
+    every copy of a text held earlier, its kept copy too, names that dataset as kept.
+    Yields (shard, ReportRows) and (shard, KeptPlaces)."""
     sizes = np.diff(np.append(starts, order.size))
     text_of = np.repeat(np.arange(starts.size), sizes)  # per sorted copy
     first = np.zeros(order.size, dtype=bool)
     first[starts] = True
     kept_copy = order[np.repeat(starts, sizes)]
-    exact = ~first & ~near[text_of]  # copies of a kept text
+    earlier = held[text_of] >= 0 if held is not None else np.zeros(order.size, dtype=bool)
+    exact = ~first & ~near[text_of] & ~earlier  # copies of a kept text
     if exact.any():
         copies, kept = order[exact], kept_copy[exact]
         n = copies.size
         rows = ReportRows(keys[copies], offsets[copies], digests[copies], keys[kept], offsets[kept], digests[kept],
                           np.zeros(n, dtype=bool), np.ones(n, dtype=np.float32))
+        yield from _keyed(rows, digests[copies], seed, num_shards)
+    if earlier.any():
+        copies = order[earlier]
+        n = copies.size
+        kept_keys = np.array([earlier_key(int(d)) for d in held[text_of[earlier]]], dtype=object)
+        rows = ReportRows(keys[copies], offsets[copies], digests[copies], kept_keys, np.zeros(n, dtype=np.uint64),
+                          digests[copies], np.zeros(n, dtype=bool), np.ones(n, dtype=np.float32))
         yield from _keyed(rows, digests[copies], seed, num_shards)
     removed = near[text_of]  # every copy of a text removed as a near-copy
     if removed.any():
@@ -154,7 +169,8 @@ def row_dicts(rows: ReportRows, urls: dict[str, str]) -> list[dict]:
             "removed_file": urls.get(removed, place_name(removed)), "removed_offset": int(rows.removed_offsets[i]),
             "removed_digest": _hex(rows.removed_digests[i]),
             "kept_file": urls.get(kept, place_name(kept)), "kept_offset": int(rows.kept_offsets[i]),
-            "kept_digest": _hex(rows.kept_digests[i]), "match": NEAR if near else EXACT,
+            "kept_digest": _hex(rows.kept_digests[i]),
+            "match": NEAR if near else EARLIER if str(kept).startswith(EARLIER_KEY) else EXACT,
             "estimated_similarity": round(float(rows.estimated[i]), 4), "similarity": None if near else 1.0})
     return out
 
@@ -226,7 +242,7 @@ def check_report_rows(stats: dict, counts: dict) -> int:
     """The rows written (returned) are exactly the removed documents, or the dataset is not
     committed."""
     rows = counts.get(REPORT_ROWS, 0)
-    removed = stats.get("duplicates", 0) + stats.get("near_duplicates", 0)
+    removed = stats.get("duplicates", 0) + stats.get("near_duplicates", 0) + stats.get("dedup_against", 0)
     if rows != removed:
         raise RuntimeError(f"dedup report accounting failed: {rows} rows written for {removed} removed documents; "
                            f"the output is left uncommitted")

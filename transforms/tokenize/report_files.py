@@ -12,6 +12,7 @@ from fsspec.core import url_to_fs
 from transforms.read.inputs import PARQUET, format_of
 
 PARQUET_SUFFIX, JSONL_SUFFIX = ".parquet", ".jsonl"
+EARLIER = "earlier"  # the match of a row --dedup_against removed: an exact copy of a text an earlier dataset holds
 COLUMNS = ("removed_file", "removed_offset", "removed_digest", "kept_file", "kept_offset", "kept_digest", "match",
            "estimated_similarity", "similarity")
 
@@ -95,6 +96,9 @@ def row_texts(row: dict, text_key: str = "text", max_chars: int | None = None,
     report` show these."""
     out = {}
     for side in ("removed", "kept"):
+        if side == "kept" and row.get("match") == EARLIER:  # an exact copy of a text the earlier dataset holds
+            out["kept_text"] = out["removed_text"]
+            continue
         try:
             text = document_at(row[f"{side}_file"], int(row[f"{side}_offset"]), text_key, storage_options)
         except (OSError, ValueError, KeyError, IndexError, TypeError) as e:

@@ -5,6 +5,7 @@ from collections import Counter
 import apache_beam as beam
 
 from transforms.read import mixture as mix
+from transforms.tokenize import dedup_index
 from transforms.tokenize.dedup_report import REPORT_ROWS, check_report_rows
 from transforms.tokenize.lengths import EXTRA_SEQUENCES, LENGTH_COUNTS, TOO_SHORT
 from transforms.write import layout as plan
@@ -28,6 +29,9 @@ def dataset_stats(counts: dict, layout: dict) -> dict:
     if "near_duplicates" in counts:  # --dedup near
         stats["near_duplicates"] = counts["near_duplicates"]
         stats["near_dedup"] = near_dedup_stats(counts)
+    index = dedup_index.index_stats(counts)
+    if index is not None:  # --dedup exact or near: the dataset's dedup index
+        stats["dedup_index"] = index
     for split in SPLITS:
         s = layout[split]
         stats[split] = {"sequences": s.sequences, "tokens": s.tokens, "max_token_id": max(s.max_token_id, 0)}
@@ -61,6 +65,7 @@ def check_accounts(stats: dict, chunks_written: dict, target: StoreTarget, count
                            f"documents + {stats['blank']} blank + {stats['rejected']} rejected")
     if mixture is None:
         written = (stats["empty"] + stats["duplicates"] + stats.get("near_duplicates", 0) + stats.get(TOO_SHORT, 0)
+                   + stats.get(dedup_index.AGAINST, 0)
                    + sum(stats[s]["sequences"] for s in SPLITS) - stats.get(EXTRA_SEQUENCES, 0))
         if written != stats["documents"]:
             raise RuntimeError(f"document accounting failed: {stats['documents']} documents read, but "
@@ -124,6 +129,8 @@ class CommitFn(beam.DoFn):
 
     def commit(self, chunks_written: dict, layout, counts) -> dict:
         stats = dataset_stats(counts, layout)
+        if "dedup_against" in self._provenance:  # before the accounts: its removals are among the documents
+            stats.update(dedup_index.against_stats(counts, self._provenance["dedup_against"]))
         check_accounts(stats, chunks_written, self._target, counts, self._mixture)
         if "dedup_report" in self._provenance:  # its rows are exactly the removed documents
             stats[REPORT_ROWS] = check_report_rows(stats, counts)

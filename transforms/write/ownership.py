@@ -71,7 +71,8 @@ SPLITS = ("train", "validation")
 ARRAYS = ("encoded_tokens", "seq_starts", "seq_sources")
 ROOT_METADATA = (".zgroup", ".zattrs", "zarr.json")
 ARRAY_METADATA = (".zarray", ".zattrs", "zarr.json")
-DATASET_ENTRIES = frozenset(SPLITS + ROOT_METADATA)
+DEDUP_INDEX = "dedup_index"  # the dataset's dedup index (transforms/tokenize/dedup_index.py), beside its splits
+DATASET_ENTRIES = frozenset(SPLITS + ROOT_METADATA + (DEDUP_INDEX,))
 # How long a run taking an output over waits for another run's write in flight, unless that
 # run's process is seen dead: far longer than writing one shard's chunks (and sorting the
 # next shard, which the writer does before it confirms them) or one batch of deletions.
@@ -328,7 +329,7 @@ def _dataset_entry(name: str, is_dir: bool) -> bool:
     """A top-level entry the layout writes: a split's directory, or a root metadata file
     (or zarr's temporary name for one, while it is written)."""
     if is_dir:
-        return name in SPLITS
+        return name in SPLITS or name == DEDUP_INDEX
     return name in ROOT_METADATA or zarr_partial_of(name) in _ROOT_METADATA_STEMS
 
 

@@ -1,0 +1,114 @@
+"""The dedup index a dataset carries (--dedup exact or near), and --dedup_against: removing
+from a new build every text that earlier datasets hold, reading only their indexes.
+
+    in each dedup shard's group (dedup.drop_duplicates): the kept texts' digests and splits
+    -> one index file per dedup shard, OUTPUT/dedup_index/exact-<shard>-of-<shards>.bin,
+    written create-only once the output is this run's (the same bytes again, from a Beam
+    retry or a resumed run, are found in place)
+
+An index file is sealed as staged files are (transforms/checksums.py: the payload, then
+`FTc1` and its CRC-32C): the payload is `INDEX_MAGIC`, the document count n (uint64 LE),
+the n 128-bit content digests sorted (16 bytes each, as dedup.content_digests) and the n
+splits (1 byte each: 0 train, 1 validation). So 17 bytes per document, plus 20 per file.
+The commit records the totals in stats["dedup_index"]; a reader of the index checks every
+file's seal and that the documents add up.
+
+With --dedup_against, each earlier dataset's index files are read (one element per file,
+never all of them in one place), their digests keyed by *this* build's dedup shard (its seed
+and shard count: the index does not depend on the earlier build's) and grouped with this
+build's copies: memory per group grows with the texts of one shard, as the dedup shuffle's.
+
+Which texts are indexed: every text the dedup step kept, before --min_tokens / --max_tokens
+(a text dropped as too short is listed: a later build drops it too, as a copy of it).
+"""
+import posixpath
+from dataclasses import dataclass
+
+import apache_beam as beam
+import numpy as np
+from fsspec.core import url_to_fs
+
+from transforms import create_only, hashing
+from transforms.records import RecordCoder
+from transforms.tokenize.index_files import INDEX_DIRECTORY, INDEX_MAGIC, decode_index, encode_index, index_file_name
+
+INDEX_DOCUMENTS = "dedup_index_documents"  # count keys: documents indexed, bytes written, files written
+INDEX_BYTES = "dedup_index_bytes"
+INDEX_FILES = "dedup_index_files"
+AGAINST = "dedup_against"  # count key prefix: texts removed as held by earlier dataset i ("dedup_against:i")
+
+
+def index_stats(counts: dict) -> dict | None:
+    """stats["dedup_index"]: what the commit found written (None when no index was written)."""
+    if INDEX_FILES not in counts and INDEX_DOCUMENTS not in counts:
+        return None
+    documents = counts.get(INDEX_DOCUMENTS, 0)
+    return {"format": INDEX_MAGIC.decode(), "directory": INDEX_DIRECTORY, "files": counts.get(INDEX_FILES, 0),
+            "documents": documents, "bytes": counts.get(INDEX_BYTES, 0)}
+
+
+def against_stats(counts: dict, datasets: list[str]) -> dict:
+    """stats entries for --dedup_against: the texts removed, in total and per earlier dataset."""
+    by_dataset = {url: counts.get(f"{AGAINST}:{i}", 0) for i, url in enumerate(datasets)}
+    return {AGAINST: sum(by_dataset.values()), "dedup_against_by_dataset": by_dataset}
+
+
+@dataclass
+class EarlierTexts:
+    """Texts an earlier dataset holds that fall into one dedup shard of this build."""
+
+    digests: np.ndarray  # (n, 2) uint64
+    splits: np.ndarray  # int8
+    dataset: int  # its place among --dedup_against's datasets
+
+
+beam.coders.registry.register_coder(EarlierTexts, RecordCoder)
+
+
+def read_earlier(item: tuple[int, str], seed: int, num_shards: int, storage_options: dict | None = None):
+    """(dataset number, index file URL) -> (shard, EarlierTexts) for each of this build's dedup shards."""
+    dataset, url = item
+    fs, path = url_to_fs(url, **(storage_options or {}))
+    digests, splits = decode_index(fs.cat_file(path), url)
+    for shard in np.unique(shards := hashing.content_shards(digests, seed, num_shards)).tolist():
+        chosen = shards == shard
+        yield int(shard), EarlierTexts(digests[chosen], splits[chosen], dataset)
+
+
+def held_earlier(digests: np.ndarray, earlier: list[EarlierTexts]) -> np.ndarray:
+    """For texts (their digests): the first earlier dataset (its number) that holds each, or -1."""
+    held = np.full(digests.shape[0], -1, dtype=np.int64)
+    if not earlier or not digests.shape[0]:
+        return held
+    mine = _rows(digests)
+    for texts in sorted(earlier, key=lambda t: t.dataset):
+        if texts.digests.shape[0]:
+            found = np.isin(mine, _rows(texts.digests)) & (held < 0)
+            held[found] = texts.dataset
+    return held
+
+
+def _rows(digests: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(digests.astype("<u8")).view([("hi", "<u8"), ("lo", "<u8")]).ravel()
+
+
+class WriteIndexShard(beam.DoFn):
+    """DistinctBatch (one dedup shard's kept texts) -> its index file, created (or found: the
+    same bytes) -> counts."""
+
+    def __init__(self, url: str, seed: int, num_shards: int, storage_options: dict | None = None):
+        self._url = url
+        self._seed = seed
+        self._shards = num_shards
+        self._storage_options = storage_options
+
+    def process(self, batch, created):
+        if not batch.digests.shape[0]:
+            return
+        shard = int(hashing.content_shards(batch.digests[:1], self._seed, self._shards)[0])
+        data = encode_index(batch.digests, batch.splits)
+        fs, path = url_to_fs(self._url, **(self._storage_options or {}))
+        directory = posixpath.join(path.rstrip("/"), INDEX_DIRECTORY)
+        fs.makedirs(directory, exist_ok=True)
+        create_only.put_new(fs, posixpath.join(directory, index_file_name(shard, self._shards)), data)
+        yield {INDEX_DOCUMENTS: int(batch.digests.shape[0]), INDEX_BYTES: len(data), INDEX_FILES: 1}
