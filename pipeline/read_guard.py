@@ -17,6 +17,15 @@ old run's. Three guards, one for each:
   zarr 3 sharding it reads inner chunks by byte range, and only zarr checks those. `read`
   names the chunk whatever zarr raised (a truncated chunk of a dataset written before chunks
   carried checksums raised a bare RuntimeError).
+* With the dataset's manifest (transforms/write/manifest.py; `open_group` loads it and checks
+  its seal), the same store checks every object it reads against its own key's entry before
+  zarr uses it: metadata as zarr opens groups and arrays, chunks as they are read, and a
+  zarr 3 shard whole (once) before its inner chunks are served by byte range. So a chunk in
+  another's place, from another build or split, or edited metadata raises, naming the key
+  (`ChunksMustExist.manifest_check`: one function, for callers that read objects themselves).
+  Local objects must be regular files (`stat`, before any open: a FIFO would block), and an
+  array's metadata naming a codec or dtype this format does not use raises
+  UnsupportedDataset before zarr builds anything from it.
 * `RunGuard.check` reads the root attributes (one small object: `.zattrs`, or `zarr.json` for
   zarr 3) and raises DatasetReplaced unless they still name the run that was opened and say
   it is complete. The reader calls it *after* each block it reads: a replacing run removes
@@ -172,11 +181,11 @@ class ChunksMustExist(WrapperStore):
 
     def _check(self, key: str, value, byte_range) -> None:
         if value is None:
-            if self.manifest is not None and self.manifest.expected(key) is not None:
-                raise DatasetError(f"{self._url}: {self._name(key)} is missing, but the manifest of run "
-                                   f"{self.manifest.run_id} lists it; the dataset lost data and cannot be read")
             if not _is_metadata(key):
                 raise self._missing(key)
+            if self.manifest is not None and self.manifest.expected(key) is not None:
+                raise DatasetError(f"{self._url}: {key} is missing, but the manifest of run {self.manifest.run_id} "
+                                   f"lists it; the dataset cannot be read")
             return
         if byte_range is not None:
             return

@@ -62,10 +62,12 @@ UNFINISHED = f"unfinished output: the run that wrote it did not finish (no root 
 NO_MANIFEST = ("note: this dataset has no manifest (it was committed before this tool wrote one, or by another "
                "tool): a chunk moved to another key, or copied from another build, may be read unseen. Rewrite it "
                "(rerun its command with --overwrite) to have every object checked against its key")
-# More data objects than any array this tool writes (1 TB of text: ~890,000 in all).
-MAX_OBJECTS = 1 << 26
-NO_CHECKSUMS = ("note: the chunks of this dataset carry no checksums (it was written before this tool's chunks "
-                "carried them, or by another tool): a flipped bit in a chunk may decode to other token ids unseen. "
+# More data objects than any array this tool writes (1 TB of text: ~890,000 in all): the
+# listing of which are missing stays within a few hundred MB.
+MAX_OBJECTS = 1 << 24
+NO_CHECKSUMS = ("note: the chunks of this dataset carry no checksums, and it has no manifest (it was written "
+                "before this tool's chunks carried them, or by another tool): a flipped bit in a chunk may decode "
+                "to other token ids unseen, and a chunk moved to another key may be read unseen. "
                 "Rewrite it (rerun its command with --overwrite) to have every chunk checked")
 
 
@@ -127,8 +129,8 @@ def check_dataset(url: str, *, block: int = DEFAULT_BLOCK, storage_options: dict
         raise CannotOpen(str(e)) from None
     except read_guard.DatasetError as e:
         return problems + [str(e)], {}
-    if root.store_path.store.manifest is None and notes is not None:
-        notes.append(NO_MANIFEST)
+    if root.store_path.store.manifest is None and scheme is not None and notes is not None:
+        notes.append(NO_MANIFEST)  # (without checksums, NO_CHECKSUMS says so already)
     fs, base = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
     summaries: dict[str, SplitSummary] = {}
     try:
@@ -272,9 +274,9 @@ def check_bounds(arr: zarr.Array, member: str, expected: dict[str, int]) -> None
     """The array's length is what the stats say, and its object count sane, before anything
     is allocated or listed by them (a forged 2**34-element shape once grew verify to 23 GB)."""
     n = arr.shape[0]
-    if member in expected and n != expected[member]:
+    if member in expected and n > 2 * expected[member] + (1 << 20):  # (a shape a little off is found below)
         raise _Stop(f"{member} has shape ({n},), the root's stats say {expected[member]}: the metadata was "
-                    f"edited or belongs to another dataset")
+                    f"edited or belongs to another dataset; refusing to check it")
     objects = chunk_objects(arr.metadata.to_dict())
     if objects is not None and objects.count > MAX_OBJECTS:
         raise _Stop(f"{member} has shape ({n},) in blocks of {objects.block}: {objects.count} objects, more than "

@@ -205,6 +205,9 @@ def test_zarr3_sharded_an_emptied_index_entry_is_refused(sharded, tmp_path):
     empty_index_entry(root / "train" / "encoded_tokens" / "c" / "1", 2)
     with pytest.raises(CorruptChunk, match="chunk train/encoded_tokens/c/1"):
         serve_all(root)
+    # A window inside the emptied inner chunk: zarr reads it by byte range; the shard is checked whole.
+    with pytest.raises(CorruptChunk, match="chunk train/encoded_tokens/c/1"):
+        FlatTokensSplit(str(root)).packed((4 * CHUNK + 2 * CHUNK) // 16, 16)
     assert any("chunk train/encoded_tokens/c/1" in p for p in verify_problems(root))
 
 

@@ -3,8 +3,7 @@
 A trainer opens datasets it did not build: their metadata is untrusted input. zarr would
 open an array whose `.zarray` names a pickle filter or an object dtype (it runs no code,
 but the read then fails deep inside numcodecs with a bare ValueError), or any codec a
-plugin registers. This format writes 1-D arrays of unsigned integers (uint16, uint32,
-uint64) with zstd or Blosc, zarr 3's crc32c and sharding, or numcodecs' crc32 filter
+plugin registers. This format writes arrays of integers (uint16, uint32, uint64) with zstd or Blosc, zarr 3's crc32c and sharding, or numcodecs' crc32 filter
 (transforms/write/zarr_store.py, `_codecs`); anything else is refused by name, before zarr
 builds a codec from it.
 
@@ -12,8 +11,10 @@ Pure: the parsed JSON document in, a phrase naming the field out.
 """
 from __future__ import annotations
 
-DTYPES_V2 = frozenset({"<u2", "<u4", "<u8", ">u2", ">u4", ">u8"})
-DTYPES_V3 = frozenset({"uint16", "uint32", "uint64"})
+# Integers only: a signed or narrower one is a wrong type that verify names as such; an
+# object, string or float dtype is not a dataset of tokens at all.
+DTYPES_V2 = frozenset(f"{order}{kind}{size}" for order in "<>|" for kind in "iu" for size in (1, 2, 4, 8))
+DTYPES_V3 = frozenset(f"{kind}int{bits}" for kind in ("", "u") for bits in (8, 16, 32, 64))
 COMPRESSORS_V2 = frozenset({"zstd", "blosc"})
 FILTERS_V2 = frozenset({"blosc", "crc32"})
 CODECS_V3 = frozenset({"bytes", "zstd", "blosc", "crc32c", "sharding_indexed"})
@@ -45,10 +46,11 @@ def _codecs_v3(codecs, field: str) -> str | None:
 
 
 def _shape(document: dict, field: str) -> str | None:
+    """A shape of non-negative integers (its number of dimensions is verify's to name)."""
     shape = document.get(field)
-    if not (isinstance(shape, list) and len(shape) == 1 and isinstance(shape[0], int)
-            and not isinstance(shape[0], bool) and shape[0] >= 0):
-        return f"field {field} is {shape!r}, not the 1-D shape of a flat-tokens array"
+    if not (isinstance(shape, list) and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0
+                                            for n in shape)):
+        return f"field {field} is {shape!r}, not a list of sizes"
     return None
 
 
@@ -61,12 +63,12 @@ def unsupported(document) -> str | None:
         if document.get("node_type") != "array":
             return None
         if document.get("data_type") not in DTYPES_V3:
-            return f"field data_type is {document.get('data_type')!r}, not one of {', '.join(sorted(DTYPES_V3))}"
+            return f"field data_type is {document.get('data_type')!r}, not an integer type"
         return _shape(document, "shape") or _codecs_v3(document.get("codecs"), "codecs")
     if "dtype" not in document and "chunks" not in document:
         return None  # a group's .zgroup/.zattrs
     if document.get("dtype") not in DTYPES_V2:
-        return f"field dtype is {document.get('dtype')!r}, not one of {', '.join(sorted(DTYPES_V2))}"
+        return f"field dtype is {document.get('dtype')!r}, not an integer type"
     return (_shape(document, "shape") or _shape(document, "chunks")
             or _ids(document.get("compressor"), "compressor", COMPRESSORS_V2)
             or _ids(document.get("filters"), "filters", FILTERS_V2))

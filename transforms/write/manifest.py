@@ -88,13 +88,14 @@ class ArrayObjects:
     tails: np.ndarray  # uint32
 
     def entry(self, i: int) -> Entry:
-        return Entry(int(self.sizes[i]), int(self.crcs[i]), int(self.tails[i]))
+        return Entry(self.sizes.item(i), self.crcs.item(i), self.tails.item(i))
 
     def index(self, rest: str) -> int | None:
         digits = rest[len(self.prefix):] if rest.startswith(self.prefix) else ""
-        if not (digits.isascii() and digits.isdigit()) or str(int(digits)) != digits or int(digits) >= self.sizes.size:
+        if not (digits.isascii() and digits.isdigit()) or (digits[0] == "0" and digits != "0"):
             return None
-        return int(digits)
+        i = int(digits)
+        return i if i < self.sizes.size else None
 
     def to_json(self) -> dict:
         return {"prefix": self.prefix, "count": int(self.sizes.size),
@@ -104,9 +105,9 @@ class ArrayObjects:
 
     @classmethod
     def from_json(cls, value: dict) -> "ArrayObjects":
-        sizes = np.frombuffer(base64.b64decode(value["sizes"], validate=True), dtype="<u8")
-        crcs = np.frombuffer(base64.b64decode(value["crc32c"], validate=True), dtype="<u4")
-        tails = np.frombuffer(base64.b64decode(value["tails"], validate=True), dtype="<u4")
+        sizes = np.frombuffer(base64.b64decode(value["sizes"]), dtype="<u8")
+        crcs = np.frombuffer(base64.b64decode(value["crc32c"]), dtype="<u4")
+        tails = np.frombuffer(base64.b64decode(value["tails"]), dtype="<u4")
         if not (sizes.size == crcs.size == tails.size == int(value["count"])) or not isinstance(value["prefix"], str):
             raise ManifestError("an array's columns do not hold its count of objects")
         return cls(value["prefix"], sizes, crcs, tails)
@@ -124,14 +125,17 @@ class Manifest:
 
     # -- lookups -----------------------------------------------------------------------------
     def _data(self, key: str) -> tuple[ArrayObjects, int] | None:
-        # zarr 2 "train/encoded_tokens/0", zarr 3 "train/encoded_tokens/c/0"
-        for array_path in (posixpath.dirname(key), posixpath.dirname(posixpath.dirname(key))):
-            objects = self.arrays.get(array_path)
-            if objects is not None:
-                index = objects.index(key[len(array_path) + 1:])
-                if index is not None:
-                    return objects, index
-        return None
+        # zarr 2 "train/encoded_tokens/0", zarr 3 "train/encoded_tokens/c/0": one or two levels
+        head, _, name = key.rpartition("/")
+        objects = self.arrays.get(head)
+        if objects is None:
+            head, _, directory = head.rpartition("/")
+            objects = self.arrays.get(head)
+            if objects is None:
+                return None
+            name = f"{directory}/{name}"
+        index = objects.index(name)
+        return None if index is None else (objects, index)
 
     def expected(self, key: str) -> Entry | None:
         """The entry of `key` (relative to the dataset's root), or None when it lists no such object."""
