@@ -154,12 +154,13 @@ class ChunksMustExist(WrapperStore):
         return MissingChunk(f"{self._url}: chunk {key} is missing: the dataset lost data (or is being deleted); "
                             f"it cannot be read")
 
-    def manifest_check(self, key: str, data) -> None:
-        """Raises unless `data`, read whole at `key`, is the object the manifest lists there."""
+    def manifest_check(self, key: str, data, entry: manifest.Entry | None = None) -> None:
+        """Raises unless `data`, read whole at `key`, is the object the manifest lists there.
+        `entry`: its manifest.Entry, when the caller computed it already."""
         listed = self.manifest
         if listed is None:
             return
-        why = listed.problem(key, data)
+        why = listed.problem(key, data, entry)
         if why:
             kind = DatasetError if _is_metadata(key) else CorruptChunk
             raise kind(f"{self._url}: {self._name(key)} {why}; the dataset cannot be trusted there")
@@ -198,10 +199,20 @@ class ChunksMustExist(WrapperStore):
             scheme = self._checksums.get(posixpath.dirname(key)) or self._checksums.get(
                 posixpath.dirname(posixpath.dirname(key)))  # zarr 2 "a/0", zarr 3 "a/c/0"
             # What the chunk carries decides, not a removable attribute: a checksum frame is checked.
-            why = chunk_checksums.problem(data, scheme or chunk_checksums.carried(data))
+            scheme = scheme or chunk_checksums.carried(data)
+            entry = None
+            if scheme == chunk_checksums.ZSTD_FRAME and self.manifest is not None:
+                # One CRC pass for both checks: the frame's CRC-32C, extended over the trailer's head.
+                frame_crc, why = chunk_checksums.check_zstd_frame(data)
+                if frame_crc is not None:
+                    entry = manifest.Entry.after(data, frame_crc, chunk_checksums.TRAILER_SIZE)
+            else:
+                why = chunk_checksums.problem(data, scheme)
             if why:
                 raise CorruptChunk(f"{self._url}: chunk {key} is damaged: it {why}; the dataset cannot be trusted "
                                    f"there (rewrite it: rerun the command that wrote it with --overwrite)")
+            self.manifest_check(key, data, entry)
+            return
         self.manifest_check(key, data)
 
     async def get(self, key, prototype, byte_range=None):

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from pipeline import verify
+from pipeline.blend import Blend
 from pipeline.read_guard import CorruptChunk, DatasetError
 from pipeline.reader import FlatTokensSplit
 from tests.gcs_emulator import BUCKET, gcs  # noqa: F401 - pytest fixture
@@ -98,6 +99,19 @@ def test_a_chunk_copied_from_another_build_is_refused(built, dataset):
     with pytest.raises(CorruptChunk, match=f"chunk train/encoded_tokens/{i} .*another build"):
         serve_all(dataset)
     assert any(f"chunk train/encoded_tokens/{i}" in p for p in verify_problems(dataset))
+
+
+def test_blend_refuses_a_swapped_chunk(dataset):
+    a, b = inner_chunks_without_starts(dataset)[:2]
+    tokens = dataset / "train" / "encoded_tokens"
+    first, second = (tokens / str(a)).read_bytes(), (tokens / str(b)).read_bytes()
+    (tokens / str(a)).write_bytes(second)
+    (tokens / str(b)).write_bytes(first)
+    blend = Blend([FlatTokensSplit(str(dataset))], weights=[1.0], seed=0)
+    batches = blend.packed_batches(1024, 8)
+    with pytest.raises(CorruptChunk, match="does not match the manifest"):
+        for _ in range(10 ** 4):  # endless: every window, then on
+            next(batches)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -94,6 +94,20 @@ def problem(data, scheme_name: str | None) -> str | None:
     return f"carries an unknown checksum scheme {scheme_name!r} (written by a newer version?)"
 
 
+def check_zstd_frame(data) -> tuple[int | None, str | None]:
+    """A ZSTD_FRAME chunk's frame CRC-32C (None when it has no checksum frame) and why it does
+    not match (None when it does): `problem`, keeping the CRC for the manifest's check."""
+    view = memoryview(data).cast("B")
+    n = view.nbytes
+    if n < TRAILER_SIZE:
+        return None, problem(view, ZSTD_FRAME)
+    magic, size, stored = _TRAILER.unpack(view[n - TRAILER_SIZE:])
+    if magic != SKIPPABLE_MAGIC or size != 4:
+        return None, problem(view, ZSTD_FRAME)
+    got = crc32c(view[:n - TRAILER_SIZE])
+    return got, _mismatch("CRC-32C", got, stored)
+
+
 def carried(data) -> str | None:
     """The scheme a whole chunk's bytes show they carry whatever the attributes say: ZSTD_FRAME
     when they end with its checksum frame (so removing `storage.checksums` from the root

@@ -73,6 +73,14 @@ class Entry(NamedTuple):
         head = n - min(n, 4)
         return cls(n, crc32c(view[:head]), int.from_bytes(bytes(view[head:]), "little"))
 
+    @classmethod
+    def after(cls, data, crc: int, covered_to_end: int) -> "Entry":
+        """Entry.of(data), given `crc`, the CRC-32C of all of `data` but its last
+        `covered_to_end` (>= 4) bytes: one CRC pass for a caller that had that one already."""
+        view = memoryview(data).cast("B")
+        n = view.nbytes
+        return cls(n, crc32c(view[n - covered_to_end:n - 4], crc), int.from_bytes(bytes(view[n - 4:]), "little"))
+
     def describe(self) -> str:
         return f"{self.size} bytes, CRC-32C {self.crc32c:08x} then {self.tail:08x}"
 
@@ -166,13 +174,14 @@ class Manifest:
             self._by_entry = index
         return self._by_entry.get(tuple(got))
 
-    def problem(self, key: str, data) -> str | None:
-        """Why the object read whole at `key` (its bytes `data`) is not the one the manifest
-        lists there (a phrase), or None when it is (or the manifest does not cover `key`)."""
+    def problem(self, key: str, data, entry: Entry | None = None) -> str | None:
+        """Why the object read whole at `key` (its bytes `data`; `entry`, its Entry when the
+        caller has it) is not the one the manifest lists there (a phrase), or None when it is
+        (or the manifest does not cover `key`)."""
         want = self.expected(key)
         if want is None:
             return f"is not in the dataset's manifest (run {self.run_id})" if self.covers(key) else None
-        got = Entry.of(data)
+        got = Entry.of(data) if entry is None else entry
         if got == want:
             return None
         other = self.holder_of(got)
