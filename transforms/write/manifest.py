@@ -263,7 +263,7 @@ def open_sealed(manifest_bytes: bytes | None, attrs: dict) -> Manifest | None:
         raise ManifestError(f"{MANIFEST} and the root attributes do not match their seal: one of them was edited, "
                             f"or comes from another build")
     manifest = Manifest.from_bytes(manifest_bytes)
-    if attrs.get("run_id", "") != manifest.run_id:
+    if "run_id" in attrs and attrs["run_id"] != manifest.run_id:  # (a commit without provenance names none)
         raise ManifestError(f"{MANIFEST} is run {manifest.run_id}'s, the root attributes name run "
                             f"{attrs.get('run_id')}")
     return manifest
