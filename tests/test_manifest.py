@@ -341,3 +341,18 @@ def test_gs_swaps_foreign_chunks_downgrades_and_split_copies_are_refused(gcs, tm
     del attrs["storage"]["checksums"]
     fs.pipe_file(f"{a}/.zattrs", json.dumps(attrs).encode())
     refused("seal")
+
+
+@pytest.mark.slow
+def test_gs_zarr3_sharded_an_emptied_index_entry_is_refused(gcs, tmp_path):
+    url = f"gs://{BUCKET}/manifest/s.zarr"
+    write(url, corpus(tmp_path), "--zarr_format", "3", "--chunks_per_shard", "4", env=gcs.env)
+    key = f"{BUCKET}/manifest/s.zarr/train/encoded_tokens/c/1"
+    local = tmp_path / "shard"
+    local.write_bytes(gcs.fs.cat_file(key))
+    empty_index_entry(local, 2)
+    gcs.fs.pipe_file(key, local.read_bytes())
+    env = {**os.environ, **gcs.env}
+    for code in (["-c", GS_READ, url], ["-m", "pipeline.verify", url]):
+        proc = subprocess.run([sys.executable, *code], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+        assert "chunk train/encoded_tokens/c/1 does not match the manifest" in proc.stdout, proc.stdout + proc.stderr

@@ -214,14 +214,14 @@ class Manifest:
         try:
             document = json.loads(data)
             if document.get("format") != FORMAT or document.get("version") != VERSION:
-                raise ManifestError(f"not a {FORMAT} version {VERSION} (written by a newer version?)")
+                raise ManifestError(f"{MANIFEST} is not a {FORMAT} version {VERSION} (written by a newer version?)")
             objects = {str(k): Entry(*map(int, v)) for k, v in document["objects"].items()}
             arrays = {str(p): ArrayObjects.from_json(a) for p, a in document["arrays"].items()}
             return cls(str(document["run_id"]), objects, arrays)
         except ManifestError:
             raise
         except (ValueError, KeyError, TypeError, AttributeError) as e:
-            raise ManifestError(f"cannot be parsed ({type(e).__name__}: {e})") from None
+            raise ManifestError(f"{MANIFEST} cannot be parsed ({type(e).__name__}: {e})") from None
 
 
 def canonical(attrs: dict) -> bytes:
