@@ -22,6 +22,12 @@ Checks, for a dataset at a local path or fsspec URL (file://, gs://, ...), zarr 
   each is checked as it is read; a damaged or truncated chunk is named. A dataset written
   before chunks carried checksums is checked as before, and verify says that its chunks
   carry none (a flipped bit there may go unseen);
+* with the dataset's manifest (transforms/write/manifest.py), every object read (metadata and
+  chunks) is the one committed under its key, and the manifest and the root attributes match
+  their seal; a dataset without one is checked as before, and verify says so. Shapes far beyond
+  the stats, or more data objects than this tool writes, stop a split before anything is
+  listed or allocated by them; metadata naming a codec or dtype this format does not use is
+  exit 2;
 * when the root has a ``stats`` attribute, ``stats[split]`` agrees with the arrays:
   ``sequences == len(seq_starts) - 1``, ``tokens == len(encoded_tokens)``,
   ``max_token_id ==`` the split attribute.
