@@ -54,7 +54,7 @@ from transforms.write import array_metadata, chunk_checksums, manifest
 # Keys zarr may ask for that need not exist; every other key of a split is a chunk (or shard).
 METADATA_KEYS = frozenset({".zarray", ".zattrs", ".zgroup", ".zmetadata", "zarr.json"})
 ROOT_ATTRIBUTES = {2: ".zattrs", 3: "zarr.json"}
-WHOLE_OBJECTS_KEPT = 2  # sharded objects kept whole, checked, while their inner chunks are read
+WHOLE_OBJECTS_KEPT = 4  # sharded objects kept whole, checked, while their inner chunks are read (one per read thread)
 
 
 class DatasetError(Exception):
