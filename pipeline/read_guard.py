@@ -17,6 +17,15 @@ old run's. Three guards, one for each:
   zarr 3 sharding it reads inner chunks by byte range, and only zarr checks those. `read`
   names the chunk whatever zarr raised (a truncated chunk of a dataset written before chunks
   carried checksums raised a bare RuntimeError).
+* With the dataset's manifest (transforms/write/manifest.py; `open_group` loads it and checks
+  its seal), the same store checks every object it reads against its own key's entry before
+  zarr uses it: metadata as zarr opens groups and arrays, chunks as they are read, and a
+  zarr 3 shard whole (once) before its inner chunks are served by byte range. So a chunk in
+  another's place, from another build or split, or edited metadata raises, naming the key
+  (`ChunksMustExist.manifest_check`: one function, for callers that read objects themselves).
+  Local objects must be regular files (`stat`, before any open: a FIFO would block), and an
+  array's metadata naming a codec or dtype this format does not use raises
+  UnsupportedDataset before zarr builds anything from it.
 * `RunGuard.check` reads the root attributes (one small object: `.zattrs`, or `zarr.json` for
   zarr 3) and raises DatasetReplaced unless they still name the run that was opened and say
   it is complete. The reader calls it *after* each block it reads: a replacing run removes
@@ -32,17 +41,20 @@ import hashlib
 import json
 import os
 import posixpath
+import stat
 
 import numpy as np
 import zarr
 from fsspec.core import url_to_fs
+from zarr.abc.store import OffsetByteRequest, RangeByteRequest, SuffixByteRequest
 from zarr.storage import FsspecStore, LocalStore, WrapperStore
 
-from transforms.write import chunk_checksums
+from transforms.write import array_metadata, chunk_checksums, manifest
 
 # Keys zarr may ask for that need not exist; every other key of a split is a chunk (or shard).
 METADATA_KEYS = frozenset({".zarray", ".zattrs", ".zgroup", ".zmetadata", "zarr.json"})
 ROOT_ATTRIBUTES = {2: ".zattrs", 3: "zarr.json"}
+WHOLE_OBJECTS_KEPT = 4  # sharded objects kept whole, checked, while their inner chunks are read (one per read thread)
 
 
 class DatasetError(Exception):
@@ -57,6 +69,10 @@ class CorruptChunk(DatasetError):
     """A chunk's stored bytes do not match the checksum they carry, or cannot be decoded."""
 
 
+class UnsupportedDataset(DatasetError):
+    """An array's metadata names a codec, dtype or shape this format does not use."""
+
+
 class DatasetReplaced(DatasetError):
     """The dataset the reader opened is no longer the committed one at its URL."""
 
@@ -67,15 +83,66 @@ def _is_metadata(key: str) -> bool:
 
 class ChunksMustExist(WrapperStore):
     """A read-only store in which a missing chunk is an error, never the fill value, and a
-    chunk read whole is checked against the checksum it carries (see `check_chunks`)."""
+    chunk read whole is checked against the checksum it carries (see `check_chunks`). With
+    the dataset's manifest (`expect`), every object it lists is checked against its own
+    key's entry, whole, before any of its bytes are used (`manifest_check`)."""
 
-    def __init__(self, store, url: str = "", checksums: dict | None = None):
+    def __init__(self, store, url: str = "", checksums: dict | None = None, expected: dict | None = None):
         super().__init__(store)
         self._url = url
         self._checksums = {} if checksums is None else checksums  # array path -> scheme; shared by copies
+        self._expected = {} if expected is None else expected  # "manifest", "whole": shared by copies
 
     def _with_store(self, store):
-        return type(self)(store, self._url, self._checksums)
+        return type(self)(store, self._url, self._checksums, self._expected)
+
+    def expect(self, listed: manifest.Manifest) -> None:
+        """From now on, every object `listed` names is checked against its entry as it is read."""
+        self._expected["manifest"] = listed
+        self._expected["whole"] = {}  # key -> verified bytes of the last sharded objects read by range
+
+    @property
+    def manifest(self) -> manifest.Manifest | None:
+        return self._expected.get("manifest")
+
+    def _local_path(self, key: str) -> str | None:
+        root = getattr(self._store, "root", None)
+        return None if root is None else os.path.join(str(root), key)
+
+    def _refuse_special(self, key: str, size: int | None) -> None:
+        """A local object must be a regular file (of the manifest's size): never a FIFO, whose
+        open would block, nor a link to a device such as /dev/zero, read without end."""
+        path = self._local_path(key)
+        if path is None:
+            return
+        try:
+            found = os.stat(path)  # does not open: a FIFO cannot block here
+        except (FileNotFoundError, NotADirectoryError):
+            return  # zarr reports it missing
+        except OSError as e:
+            raise DatasetError(f"{self._url}: {key} cannot be read: {e}") from None
+        if not stat.S_ISREG(found.st_mode):
+            raise CorruptChunk(f"{self._url}: {self._name(key)} is not a regular file (a FIFO, device or directory); "
+                               f"a dataset's objects are files; refusing to read it")
+        if size is not None and found.st_size != size and found.st_size > self.manifest.largest(key):
+            # No larger than its neighbours: read, so the error can name the object it holds.
+            raise CorruptChunk(f"{self._url}: {self._name(key)} holds {found.st_size} bytes, the manifest of run "
+                               f"{self.manifest.run_id} lists {size}; refusing to read it")
+
+    async def _whole(self, key: str, prototype):
+        """The whole object at `key`, checked against the manifest, for reads by byte range
+        (zarr 3 shards): checked once, kept while its neighbours' ranges are read."""
+        whole = self._expected["whole"]
+        if key not in whole:
+            self._refuse_special(key, self.manifest.size_of(key))
+            value = await self._store.get(key, prototype)
+            if value is None:
+                raise self._missing(key)
+            self.manifest_check(key, value.to_bytes())
+            while len(whole) >= WHOLE_OBJECTS_KEPT:
+                whole.pop(next(iter(whole)))
+            whole[key] = value.to_bytes()
+        return whole[key]
 
     def check_chunks(self, array_path: str, scheme: str | None) -> None:
         """From now on, every chunk of the array at `array_path` (e.g. "train/encoded_tokens")
@@ -87,27 +154,88 @@ class ChunksMustExist(WrapperStore):
         return MissingChunk(f"{self._url}: chunk {key} is missing: the dataset lost data (or is being deleted); "
                             f"it cannot be read")
 
+    def manifest_check(self, key: str, data, entry: manifest.Entry | None = None) -> None:
+        """Raises unless `data`, read whole at `key`, is the object the manifest lists there.
+        `entry`: its manifest.Entry, when the caller computed it already."""
+        listed = self.manifest
+        if listed is None:
+            return
+        why = listed.problem(key, data, entry)
+        if why:
+            kind = DatasetError if _is_metadata(key) else CorruptChunk
+            raise kind(f"{self._url}: {self._name(key)} {why}; the dataset cannot be trusted there")
+
+    def _refuse_unsupported(self, key: str, data) -> None:
+        """An array's metadata that names a codec or dtype this format does not use is refused
+        before zarr builds anything from it (transforms/write/array_metadata.py)."""
+        try:
+            document = json.loads(bytes(data))
+        except ValueError as e:
+            raise UnsupportedDataset(f"{self._url}: {key} is not JSON ({e})") from None
+        why = array_metadata.unsupported(document)
+        if why:
+            raise UnsupportedDataset(f"{self._url}: {key}: {why}; not a flat-tokens dataset this tool reads")
+
+    @staticmethod
+    def _name(key: str) -> str:
+        return key if _is_metadata(key) else f"chunk {key}"
+
     def _check(self, key: str, value, byte_range) -> None:
         if value is None:
             if not _is_metadata(key):
                 raise self._missing(key)
+            if self.manifest is not None and self.manifest.expected(key) is not None:
+                raise DatasetError(f"{self._url}: {key} is missing, but the manifest of run {self.manifest.run_id} "
+                                   f"lists it; the dataset cannot be read")
             return
-        if byte_range is not None or not self._checksums or _is_metadata(key):
+        if byte_range is not None:
             return
-        scheme = self._checksums.get(posixpath.dirname(key)) or self._checksums.get(
-            posixpath.dirname(posixpath.dirname(key)))  # zarr 2 "a/0", zarr 3 "a/c/0"
-        why = chunk_checksums.problem(value.as_numpy_array(), scheme)
-        if why:
-            raise CorruptChunk(f"{self._url}: chunk {key} is damaged: it {why}; the dataset cannot be trusted "
-                               f"there (rewrite it: rerun the command that wrote it with --overwrite)")
+        data = value.as_numpy_array()
+        if posixpath.basename(key) in (".zarray", "zarr.json"):
+            self.manifest_check(key, data)  # first: an edited document is named as such
+            self._refuse_unsupported(key, data)
+            return
+        if not _is_metadata(key):
+            scheme = self._checksums.get(posixpath.dirname(key)) or self._checksums.get(
+                posixpath.dirname(posixpath.dirname(key)))  # zarr 2 "a/0", zarr 3 "a/c/0"
+            # What the chunk carries decides, not a removable attribute: a checksum frame is checked.
+            scheme = scheme or chunk_checksums.carried(data)
+            entry = None
+            if scheme == chunk_checksums.ZSTD_FRAME and self.manifest is not None:
+                # One CRC pass for both checks: the frame's CRC-32C, extended over the trailer's head.
+                frame_crc, why = chunk_checksums.check_zstd_frame(data)
+                if frame_crc is not None:
+                    entry = manifest.Entry.after(data, frame_crc, chunk_checksums.TRAILER_SIZE)
+            else:
+                why = chunk_checksums.problem(data, scheme)
+            if why:
+                raise CorruptChunk(f"{self._url}: chunk {key} is damaged: it {why}; the dataset cannot be trusted "
+                                   f"there (rewrite it: rerun the command that wrote it with --overwrite)")
+            self.manifest_check(key, data, entry)
+            return
+        self.manifest_check(key, data)
 
     async def get(self, key, prototype, byte_range=None):
+        listed = self.manifest
+        size = None if listed is None else listed.size_of(key)
+        if byte_range is not None and size is not None:  # a shard's index or inner chunk
+            return prototype.buffer.from_bytes(byte_slice(await self._whole(key, prototype), byte_range))
+        self._refuse_special(key, size)
         value = await self._store.get(key, prototype, byte_range)
         self._check(key, value, byte_range)
         return value
 
+    def _by_range(self, requests) -> bool:
+        """Whether some request reads part of an object the manifest lists (checked whole)."""
+        listed = self.manifest
+        return listed is not None and any(r is not None and listed.expected(k) is not None for k, r in requests)
+
     async def get_partial_values(self, prototype, key_ranges):
         key_ranges = list(key_ranges)
+        if self._by_range(key_ranges):
+            return [await self.get(key, prototype, byte_range) for key, byte_range in key_ranges]
+        for key, _ in key_ranges:
+            self._refuse_special(key, None if self.manifest is None else self.manifest.size_of(key))
         values = await self._store.get_partial_values(prototype, key_ranges)
         for (key, byte_range), value in zip(key_ranges, values):
             self._check(key, value, byte_range)
@@ -115,10 +243,27 @@ class ChunksMustExist(WrapperStore):
 
     async def _get_many(self, requests):
         requests = list(requests)
+        if self._by_range([(key, byte_range) for key, _, byte_range in requests]):
+            for key, prototype, byte_range in requests:
+                yield key, await self.get(key, prototype, byte_range)
+            return
+        for key, _, _ in requests:
+            self._refuse_special(key, None if self.manifest is None else self.manifest.size_of(key))
         ranges = {key: byte_range for key, _, byte_range in requests}
         async for key, value in self._store._get_many(requests):
             self._check(key, value, ranges.get(key))
             yield key, value
+
+
+def byte_slice(data: bytes, byte_range) -> bytes:
+    """The bytes of `data` a zarr ByteRequest asks for."""
+    if isinstance(byte_range, RangeByteRequest):
+        return data[byte_range.start:byte_range.end]
+    if isinstance(byte_range, OffsetByteRequest):
+        return data[byte_range.offset:]
+    if isinstance(byte_range, SuffixByteRequest):
+        return data[len(data) - min(byte_range.suffix, len(data)):]
+    raise TypeError(f"unknown byte range {byte_range!r}")
 
 
 def check_chunks(array: zarr.Array, path: str, scheme: str | None) -> None:
@@ -225,6 +370,48 @@ class RunGuard:
                                   f"complete={attrs.get('complete')!r}); reopen it to read the new one")
 
 
+def load_manifest(url: str, storage_options: dict | None = None) -> manifest.Manifest | None:
+    """The committed dataset's manifest, checked against the seal in its root attributes
+    (transforms/write/manifest.py); None for a dataset committed before manifests. Raises
+    DatasetError when the manifest or the root attributes were edited, or one is missing."""
+    fs, path = url_to_fs(url, **dict(storage_options or {}))
+    path = path.rstrip("/")
+    attrs = None
+    for name in ROOT_ATTRIBUTES.values():
+        try:
+            document = json.loads(fs.cat_file(f"{path}/{name}"))
+        except FileNotFoundError:
+            continue
+        except ValueError as e:
+            raise DatasetError(f"{url}: {name} is not JSON ({e})") from None
+        attrs = document.get("attributes", {}) if name == "zarr.json" else document
+        break
+    if not isinstance(attrs, dict):
+        raise DatasetError(f"{url}: no root attributes")
+    sealed = manifest.sealed_by(attrs)
+    where = f"{path}/{manifest.MANIFEST}"
+    try:
+        info = fs.info(where)
+    except FileNotFoundError:
+        info = None
+    data = None
+    if info is not None:
+        if info.get("type") != "file" or (sealed is not None and info.get("size") != sealed.get("size")):
+            raise DatasetError(f"{url}: {manifest.MANIFEST} is not the {sealed and sealed.get('size')}-byte file "
+                               f"the root attributes seal (it holds {info.get('size')} bytes, type "
+                               f"{info.get('type')}); the dataset cannot be trusted")
+        data = fs.cat_file(where)
+    try:
+        return manifest.open_sealed(data, attrs)
+    except manifest.ManifestError as e:
+        raise DatasetError(f"{url}: {e}; the dataset cannot be trusted") from None
+
+
 def open_group(url: str, storage_options: dict | None = None) -> zarr.Group:
-    """The root group through a ChunksMustExist store."""
-    return zarr.open_group(store=open_store(url, storage_options), mode="r")
+    """The root group through a ChunksMustExist store; with the dataset's manifest, every
+    object read (metadata first) is checked against it."""
+    store = open_store(url, storage_options)
+    listed = load_manifest(url, storage_options)
+    if listed is not None:
+        store.expect(listed)
+    return zarr.open_group(store=store, mode="r")

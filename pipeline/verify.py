@@ -22,6 +22,12 @@ Checks, for a dataset at a local path or fsspec URL (file://, gs://, ...), zarr 
   each is checked as it is read; a damaged or truncated chunk is named. A dataset written
   before chunks carried checksums is checked as before, and verify says that its chunks
   carry none (a flipped bit there may go unseen);
+* with the dataset's manifest (transforms/write/manifest.py), every object read (metadata and
+  chunks) is the one committed under its key, and the manifest and the root attributes match
+  their seal; a dataset without one is checked as before, and verify says so. Shapes far beyond
+  the stats, or more data objects than this tool writes, stop a split before anything is
+  listed or allocated by them; metadata naming a codec or dtype this format does not use is
+  exit 2;
 * when the root has a ``stats`` attribute, ``stats[split]`` agrees with the arrays:
   ``sequences == len(seq_starts) - 1``, ``tokens == len(encoded_tokens)``,
   ``max_token_id ==`` the split attribute.
@@ -61,8 +67,15 @@ DEFAULT_BLOCK = 1 << 22
 # What a user does next: the command that made an unfinished output resumes it (issue 20).
 RERUN = "rerun the command that wrote it to resume it, or any command with --overwrite to replace it"
 UNFINISHED = f"unfinished output: the run that wrote it did not finish (no root group metadata); {RERUN}"
-NO_CHECKSUMS = ("note: the chunks of this dataset carry no checksums (it was written before this tool's chunks "
-                "carried them, or by another tool): a flipped bit in a chunk may decode to other token ids unseen. "
+NO_MANIFEST = ("note: this dataset has no manifest (it was committed before this tool wrote one, or by another "
+               "tool): a chunk moved to another key, or copied from another build, may be read unseen. Rewrite it "
+               "(rerun its command with --overwrite) to have every object checked against its key")
+# More data objects than any array this tool writes (1 TB of text: ~890,000 in all): the
+# listing of which are missing stays within a few hundred MB.
+MAX_OBJECTS = 1 << 24
+NO_CHECKSUMS = ("note: the chunks of this dataset carry no checksums, and it has no manifest (it was written "
+                "before this tool's chunks carried them, or by another tool): a flipped bit in a chunk may decode "
+                "to other token ids unseen, and a chunk moved to another key may be read unseen. "
                 "Rewrite it (rerun its command with --overwrite) to have every chunk checked")
 
 
@@ -116,10 +129,30 @@ def check_dataset(url: str, *, block: int = DEFAULT_BLOCK, storage_options: dict
         problems.append(f"root attribute storage.checksums is {scheme!r}: a checksum scheme this version does not "
                         f"know ({', '.join(chunk_checksums.SCHEMES)}); its chunks cannot be checked")
         scheme = None
-    # Read again through the store that checks each chunk as it is read (pipeline/read_guard.py).
-    root = read_guard.open_group(url, storage_options)
+    # Read again through the store that checks each chunk as it is read (pipeline/read_guard.py),
+    # and every object against the manifest when the dataset has one.
+    try:
+        root = read_guard.open_group(url, storage_options)
+    except read_guard.UnsupportedDataset as e:
+        raise CannotOpen(str(e)) from None
+    except read_guard.DatasetError as e:
+        return problems + [str(e)], {}
+    if root.store_path.store.manifest is None and scheme is not None and notes is not None:
+        notes.append(NO_MANIFEST)  # (without checksums, NO_CHECKSUMS says so already)
     fs, base = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
     summaries: dict[str, SplitSummary] = {}
+    try:
+        problems += _check_splits(root, attrs, fs, base, block, scheme, summaries)
+    except read_guard.UnsupportedDataset as e:  # exit 2: not a dataset this tool reads
+        raise CannotOpen(str(e)) from None
+    except read_guard.DatasetError as e:  # metadata that does not match the manifest
+        problems.append(str(e))
+    return problems, summaries
+
+
+def _check_splits(root: zarr.Group, attrs: dict, fs, base: str, block: int, scheme: str | None,
+                  summaries: dict) -> list[str]:
+    problems = []
     for name in SPLITS:
         if name not in root:
             problems.append(f"missing split group {name}")
@@ -129,7 +162,7 @@ def check_dataset(url: str, *, block: int = DEFAULT_BLOCK, storage_options: dict
             problems.append(f"{name} must be a group, is an array")
             continue
         split_problems, summary = check_split(group, name, block, stored=(fs, f"{base.rstrip('/')}/{name}"),
-                                              checksums=scheme)
+                                              checksums=scheme, expected=expected_lengths(attrs, name))
         problems += split_problems
         if summary is not None:
             summaries[name] = summary
@@ -138,7 +171,7 @@ def check_dataset(url: str, *, block: int = DEFAULT_BLOCK, storage_options: dict
     if isinstance(attrs.get("stats"), dict) and attrs["stats"].get("dedup_index"):  # --dedup exact or near
         problems += index_problems(fs, base, attrs["stats"]["dedup_index"])
     problems += check_sources(root, attrs, summaries, block)
-    return problems, summaries
+    return problems
 
 
 # ---------------------------------------------------------------------------------------------
@@ -236,15 +269,44 @@ def _is_count(x) -> bool:
 # One split
 
 
+def expected_lengths(attrs: dict, split: str) -> dict[str, int]:
+    """The arrays' lengths the root's `stats` give ({} when it gives none): a forged shape is
+    found before any memory is sized by it."""
+    stats = attrs.get("stats")
+    split_stats = stats.get(split) if isinstance(stats, dict) else None
+    if not isinstance(split_stats, dict) or not all(_is_count(split_stats.get(k)) for k in ("tokens", "sequences")):
+        return {}
+    return {"encoded_tokens": split_stats["tokens"], "seq_starts": split_stats["sequences"] + 1,
+            "seq_sources": split_stats["sequences"]}
+
+
+def check_bounds(arr: zarr.Array, member: str, expected: dict[str, int]) -> None:
+    """The array's length is what the stats say, and its object count sane, before anything
+    is allocated or listed by them (a forged 2**34-element shape once grew verify to 23 GB)."""
+    n = arr.shape[0]
+    if member in expected and n > 2 * expected[member] + (1 << 20):  # (a shape a little off is found below)
+        raise _Stop(f"{member} has shape ({n},), the root's stats say {expected[member]}: the metadata was "
+                    f"edited or belongs to another dataset; refusing to check it")
+    objects = chunk_objects(arr.metadata.to_dict())
+    if objects is not None and objects.count > MAX_OBJECTS:
+        raise _Stop(f"{member} has shape ({n},) in blocks of {objects.block}: {objects.count} objects, more than "
+                    f"any dataset this tool writes ({MAX_OBJECTS}); refusing to check it")
+
+
 def check_split(group: zarr.Group, name: str, block: int, stored: tuple | None = None,
-                checksums: str | None = None) -> tuple[list[str], SplitSummary | None]:
+                checksums: str | None = None, expected: dict[str, int] | None = None
+                ) -> tuple[list[str], SplitSummary | None]:
     """Checks one flat-tokens array; the summary is None when a structural problem stopped the walk.
     `stored`: (filesystem, path of the split's directory), to check that every chunk is stored.
-    `checksums`: the scheme every chunk read is checked under (None: unchecked)."""
+    `checksums`: the scheme every chunk read is checked under (None: unchecked). `expected`:
+    the arrays' lengths by the stats (expected_lengths)."""
     problems: list[str] = []
     try:
         tok = _member_array(group, "encoded_tokens", 4)
         st = _member_array(group, "seq_starts", 8)
+        for member, arr in (("encoded_tokens", tok), ("seq_starts", st), ("seq_sources", group.get("seq_sources"))):
+            if isinstance(arr, zarr.Array) and len(arr.shape) == 1:
+                check_bounds(arr, member, expected or {})
         for arr in (tok, st, group.get("seq_sources")):
             if isinstance(arr, zarr.Array):
                 read_guard.check_chunks(arr, arr.path, checksums)

@@ -374,14 +374,18 @@ def test_bench_checksums_smoke(tmp_path):
 
 @pytest.mark.slow
 def test_bit_flips_script_smoke(tmp_path):
-    """benchmarks/bit_flips.py: a few flips, each found by verify and by the reader."""
+    """benchmarks/bit_flips.py: a few flips, each found by verify and by the reader; and (issue 37)
+    a swap, a foreign chunk, each split copied from another build and the metadata edits."""
     results = tmp_path / "flips.json"
-    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bit_flips.py"), "--places", "4", "--json",
-                           str(results)], cwd=REPO, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bit_flips.py"), "--places", "4",
+                           "--placements", "1", "--json", str(results)], cwd=REPO, capture_output=True, text=True,
+                          timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
     assert "4 random single-bit flips" in proc.stdout and "every flip found by both: yes" in proc.stdout
     r = json.loads(results.read_text())
     assert r["random"] == {"verify": {"error": 4}, "reader": {"error": 4}} and len(r["flips"]) == 4
+    assert set(r["placements"]) == {"swap", "foreign chunk", "split copy", "metadata edit"}
+    assert r["placed"] and all(f["verify"] == f["reader"] == "error" for f in r["placed"]), r["placed"]
 
 
 @pytest.mark.slow

@@ -103,11 +103,13 @@ def test_zarr3_and_blosc_chunks_carry_crc32c_or_crc32_and_a_flip_is_found(tmp_pa
         data = path.read_bytes()
         assert struct.unpack("<I", data[:4])[0] == zlib.crc32(data[4:]), path
     for root, shard, message in (
-            (v3, "train/encoded_tokens/c/0", r"chunk train/encoded_tokens/c/0 \(its inner chunk 1\)"),
+            # (a shard is checked whole against the dataset's manifest before zarr reads its
+            # inner chunks: issue 37)
+            (v3, "train/encoded_tokens/c/0", r"chunk train/encoded_tokens/c/0 does not match the manifest"),
             (blosc, "train/encoded_tokens/0", "chunk train/encoded_tokens/0 is damaged")):
         assert verify.verify_dataset(str(root)) == []
         path = root / shard
-        if root is v3:  # in the shard's second inner chunk: zarr's crc32c codec finds it, the reader names it
+        if root is v3:  # in the shard's second inner chunk
             index = np.frombuffer(path.read_bytes()[-(16 * 2 + 4):-4], "<u8").reshape(-1, 2)
             flipped(path, int(index[1, 0] + index[1, 1] // 2))
         else:
@@ -116,6 +118,14 @@ def test_zarr3_and_blosc_chunks_carry_crc32c_or_crc32_and_a_flip_is_found(tmp_pa
         assert len(problems) == 1 and re.search(message, problems[0]), problems
         with pytest.raises(CorruptChunk, match=message):
             everything(root)
+    # Without a manifest (a dataset from before it), zarr's crc32c codec finds the flip, and the
+    # reader names the inner chunk.
+    document = json.loads((v3 / "zarr.json").read_text())
+    del document["attributes"]["manifest"]
+    (v3 / "zarr.json").write_text(json.dumps(document))
+    (v3 / "flat-tokens-manifest.json").unlink()
+    with pytest.raises(CorruptChunk, match=r"chunk train/encoded_tokens/c/0 \(its inner chunk 1\)"):
+        everything(v3)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -191,12 +201,15 @@ def test_zstds_content_checksum_alone_misses_flips_that_decode_the_same():
 
 
 def strip_checksums(root):
-    """The dataset as this tool wrote it before chunks carried checksums."""
+    """The dataset as this tool wrote it before chunks carried checksums (and before the
+    commit wrote a manifest, issue 37)."""
     plain = numcodecs.Zstd(level=1)
     for path in chunk_files(root):
         path.write_bytes(plain.encode(np.frombuffer(numcodecs.Zstd().decode(path.read_bytes()), np.uint8)))
     attrs = json.loads((root / ".zattrs").read_text())
     del attrs["storage"]["checksums"]
+    del attrs["manifest"]
+    (root / "flat-tokens-manifest.json").unlink()
     (root / ".zattrs").write_text(json.dumps(attrs))
 
 

@@ -16,6 +16,7 @@ from pipeline import cli
 from pipeline.inspect import main
 from tests.helpers import REPO, run_pipeline
 from tests.test_reader import EXAMPLE, input_texts, raw_sequences, write_dataset
+from transforms.write import manifest
 
 
 @pytest.fixture(scope="module")
@@ -147,7 +148,10 @@ def test_unloadable_recorded_tokenizer_shows_ids(run, bpe_dataset, tmp_path, cha
     copy = tmp_path / "copy.zarr"
     shutil.copytree(bpe_dataset, copy)
     root = zarr.open_group(str(copy), mode="r+")
-    root.attrs["tokenizer"] = {**root.attrs["tokenizer"], **change}
+    attrs = {k: v for k, v in root.attrs.items() if k != manifest.ATTRIBUTE}
+    attrs["tokenizer"] = {**attrs["tokenizer"], **change}
+    # Sealed again (issue 37): a dataset committed with a tokenizer that cannot be loaded here.
+    root.attrs.put({**attrs, manifest.ATTRIBUTE: manifest.seal((copy / manifest.MANIFEST).read_bytes(), attrs)})
     got = report(run, copy, "--sequences", "2", "--max_chars", "5")
     assert got["decoder"] is None and "showing token ids" in got["decoder_note"]
     train = raw_sequences(copy, "train")

@@ -776,17 +776,18 @@ def test_taking_over_a_run_that_is_still_writing(place, tmp_path):
 
 def without_run_ids(place, name: str) -> dict:
     """A dataset's objects by name, with what names its run (the claims, and the run id and
-    report path in its attributes) set aside: what two runs of one command must share, byte
+    report path in its attributes; the manifest and its seal, which hold checksums of objects
+    that name the run: issue 37) set aside: what two runs of one command must share, byte
     for byte."""
     out = {}
     for relative, sha in place.digest(name).items():
-        if posixpath.basename(relative).startswith(".flat-tokens-run."):
+        if posixpath.basename(relative).startswith(".flat-tokens-run.") or relative == "flat-tokens-manifest.json":
             continue
         if posixpath.basename(relative) in (".zattrs", "zarr.json") and relative.count("/") <= 1:
             place.fs.invalidate_cache()
             attrs = json.loads(place.fs.cat_file(place.path(name, relative)))
             inner = attrs.get("attributes", attrs)
-            for key in ("run_id", "flat_tokens_run", "rejected_output"):
+            for key in ("run_id", "flat_tokens_run", "rejected_output", "manifest"):
                 inner.pop(key, None)
             sha = json.dumps(attrs, sort_keys=True)
         out[relative] = sha

@@ -44,7 +44,8 @@ def job_args(tmp_path: Path, *extra) -> list:
 
 def dataset_digest(path: Path) -> dict:
     """sha256 of every file of a dataset, by relative name, with the run id (which names each
-    run) replaced in every file that holds it; the claims (one per run) left out."""
+    run) replaced in every file that holds it; the claims (one per run) left out, and so are
+    the manifest and its seal (issue 37), which hold checksums of files that name the run."""
     v2 = path / ".zattrs"
     attrs = json.loads(v2.read_text()) if v2.exists() else json.loads((path / "zarr.json").read_text())["attributes"]
     run_id = attrs["run_id"].encode()
@@ -53,8 +54,13 @@ def dataset_digest(path: Path) -> dict:
         for name in files:
             full = Path(root) / name
             rel = str(full.relative_to(path))
-            if not rel.startswith(".flat-tokens-run."):
-                out[rel] = hashlib.sha256(full.read_bytes().replace(run_id, b"<run id>")).hexdigest()
+            data = full.read_bytes()
+            if rel in (".zattrs", "zarr.json"):
+                document = json.loads(data)
+                (document.get("attributes", document) if rel == "zarr.json" else document).pop("manifest", None)
+                data = json.dumps(document, sort_keys=True).encode()
+            if not rel.startswith(".flat-tokens-run.") and rel != "flat-tokens-manifest.json":
+                out[rel] = hashlib.sha256(data.replace(run_id, b"<run id>")).hexdigest()
     return out
 
 
@@ -461,8 +467,16 @@ def gs_dataset_digest(fs, path: str) -> dict:
     """dataset_digest of a gs:// dataset, from the emulator's own listing."""
     fs.invalidate_cache()
     run_id = json.loads(fs.cat_file(f"{path}/.zattrs"))["run_id"].encode()
-    return {p[len(path) + 1:]: hashlib.sha256(fs.cat_file(p).replace(run_id, b"<run id>")).hexdigest()
-            for p in fs.find(path) if not p[len(path) + 1:].startswith(".flat-tokens-run.")}
+
+    def content(p: str) -> bytes:
+        data = fs.cat_file(p)
+        if p.endswith("/.zattrs") and p[len(path) + 1:] == ".zattrs":  # the seal left out, as dataset_digest does
+            document = json.loads(data)
+            document.pop("manifest", None)
+            data = json.dumps(document, sort_keys=True).encode()
+        return data.replace(run_id, b"<run id>")
+    return {p[len(path) + 1:]: hashlib.sha256(content(p)).hexdigest() for p in fs.find(path)
+            if not p[len(path) + 1:].startswith(".flat-tokens-run.") and p[len(path) + 1:] != "flat-tokens-manifest.json"}
 
 
 @pytest.mark.slow

@@ -94,6 +94,33 @@ def problem(data, scheme_name: str | None) -> str | None:
     return f"carries an unknown checksum scheme {scheme_name!r} (written by a newer version?)"
 
 
+def check_zstd_frame(data) -> tuple[int | None, str | None]:
+    """A ZSTD_FRAME chunk's frame CRC-32C (None when it has no checksum frame) and why it does
+    not match (None when it does): `problem`, keeping the CRC for the manifest's check."""
+    view = memoryview(data).cast("B")
+    n = view.nbytes
+    if n < TRAILER_SIZE:
+        return None, problem(view, ZSTD_FRAME)
+    magic, size, stored = _TRAILER.unpack(view[n - TRAILER_SIZE:])
+    if magic != SKIPPABLE_MAGIC or size != 4:
+        return None, problem(view, ZSTD_FRAME)
+    got = crc32c(view[:n - TRAILER_SIZE])
+    return got, _mismatch("CRC-32C", got, stored)
+
+
+def carried(data) -> str | None:
+    """The scheme a whole chunk's bytes show they carry whatever the attributes say: ZSTD_FRAME
+    when they end with its checksum frame (so removing `storage.checksums` from the root
+    attributes does not turn the check off), else None (zarr checks the crc32c and crc32
+    codecs it finds in the array's metadata itself)."""
+    view = memoryview(data).cast("B")
+    n = view.nbytes
+    if n < TRAILER_SIZE:
+        return None
+    magic, size, _ = _TRAILER.unpack(view[n - TRAILER_SIZE:])
+    return ZSTD_FRAME if magic == SKIPPABLE_MAGIC and size == 4 else None
+
+
 def _mismatch(name: str, got: int, stored: int) -> str | None:
     return None if got == stored else f"does not match its {name}: its bytes give {got:08x}, it carries {stored:08x}"
 

@@ -58,6 +58,7 @@ from fsspec.core import url_to_fs
 from transforms import create_only, processes
 from transforms.own_names import is_own_name
 from transforms.write.chunk_objects import ChunkObjects, chunk_objects
+from transforms.write.manifest import MANIFEST
 from transforms.write.object_trees import remove_tree, walk_tree
 
 OWN_PREFIX = ".flat-tokens-"  # every top-level name this tool writes for itself starts so (own_names: which)
@@ -72,7 +73,8 @@ ARRAYS = ("encoded_tokens", "seq_starts", "seq_sources")
 ROOT_METADATA = (".zgroup", ".zattrs", "zarr.json")
 ARRAY_METADATA = (".zarray", ".zattrs", "zarr.json")
 DEDUP_INDEX = "dedup_index"  # the dataset's dedup index (transforms/tokenize/dedup_index.py), beside its splits
-DATASET_ENTRIES = frozenset(SPLITS + ROOT_METADATA + (DEDUP_INDEX,))
+# The commit's manifest (transforms/write/manifest.py), beside the root metadata.
+DATASET_ENTRIES = frozenset(SPLITS + ROOT_METADATA + (DEDUP_INDEX, MANIFEST))
 # How long a run taking an output over waits for another run's write in flight, unless that
 # run's process is seen dead: far longer than writing one shard's chunks (and sorting the
 # next shard, which the writer does before it confirms them) or one batch of deletions.
@@ -240,7 +242,7 @@ def _chunk_shaped(key: str) -> bool:
 # `zarr.json` as `zarr.<hex>.partial` and chunk `c/7` as `c/7.<hex>.partial`. While a run
 # writes (or after it was killed mid-write) these are ours too.
 _ZARR_PARTIAL = re.compile(r"^(?P<stem>.+)\.[0-9a-f]{32}\.partial$")
-_ROOT_METADATA_STEMS = (".zattrs", ".zgroup", "zarr")
+_ROOT_METADATA_STEMS = (".zattrs", ".zgroup", "zarr", MANIFEST)
 
 
 def zarr_partial_of(name: str) -> str | None:
@@ -330,7 +332,7 @@ def _dataset_entry(name: str, is_dir: bool) -> bool:
     (or zarr's temporary name for one, while it is written)."""
     if is_dir:
         return name in SPLITS or name == DEDUP_INDEX
-    return name in ROOT_METADATA or zarr_partial_of(name) in _ROOT_METADATA_STEMS
+    return name in ROOT_METADATA or name == MANIFEST or zarr_partial_of(name) in _ROOT_METADATA_STEMS
 
 
 def listing(names, limit: int = LISTED_NAMES) -> str:

@@ -25,7 +25,7 @@ from zarr.core.buffer import default_buffer_prototype
 from transforms import create_only
 from transforms.checksums import Sum
 from transforms.gcs import close_gcs_sessions_at_exit
-from transforms.write import chunk_checksums, ownership
+from transforms.write import chunk_checksums, manifest, ownership, stored_sums
 from transforms.write.ownership import OutputError, OutputTaken  # noqa: F401 - part of this module's API
 
 # After `import zarr`: gcsfs sessions on zarr's event loop must close before zarr stops it.
@@ -268,16 +268,17 @@ def keep_split(target: StoreTarget, split: str, tokens: int, sequences: int,
 
 
 def unfinished_commit(target: StoreTarget) -> list[tuple[str, tuple]]:
-    """The split group metadata an earlier attempt's commit left when it was killed midway,
-    as listed (path, identity): a resumed run deletes it before the commit writes its own."""
+    """The split group metadata (and manifest) an earlier attempt's commit left when it was
+    killed midway, as listed (path, identity): a resumed run deletes them before the commit
+    writes its own."""
     fs, root = filesystem(target.url, target.storage_options)
+    root = root.rstrip("/")
+    paths = [f"{root}/{split}/{name}" for split in SPLITS for name in ROOT_METADATA] + [f"{root}/{manifest.MANIFEST}"]
     found = []
-    for split in SPLITS:
-        for name in ROOT_METADATA:
-            path = f"{root.rstrip('/')}/{split}/{name}"
-            ident = create_only.identity(fs, path)
-            if ident is not None:
-                found.append((path, ident))
+    for path in paths:
+        ident = create_only.identity(fs, path)
+        if ident is not None:
+            found.append((path, ident))
     return found
 
 
@@ -483,10 +484,22 @@ def commit_objects(target: StoreTarget, root_attributes: dict, split_attributes:
         made = _objects_of(lambda store, attrs=attrs: zarr.create_group(
             store=store, zarr_format=target.zarr_format, attributes={RUN_ATTRIBUTE: target.run_id, **attrs}))
         objects.update({f"{split}/{key}": data for key, data in made.items()})
-    made = _objects_of(lambda store: zarr.create_group(store=store, zarr_format=target.zarr_format,
-                                                       attributes=root_attributes))
-    objects.update(made)  # sorted: .zattrs, then .zgroup
-    return objects
+
+    def root_objects(attributes):
+        return _objects_of(lambda store: zarr.create_group(store=store, zarr_format=target.zarr_format,
+                                                           attributes=attributes))
+
+    # The manifest (issue 37): every object but the root attributes, summed as stored, then
+    # sealed in the root attributes, which are written last.
+    bound = {k: v for k, v in root_objects(root_attributes).items() if k not in (".zattrs", "zarr.json")}
+    fs, root = filesystem(target.url, target.storage_options)
+    arrays = {f"{split}/{name}": name for split in split_attributes for name in target.arrays()}
+    listed = stored_sums.dataset_manifest(fs, root, target.run_id, arrays, {**objects, **bound}, target.checksums())
+    manifest_bytes = listed.to_bytes()
+    objects[manifest.MANIFEST] = manifest_bytes
+    objects.update(root_objects({**root_attributes, manifest.ATTRIBUTE: manifest.seal(manifest_bytes,
+                                                                                      root_attributes)}))
+    return objects  # sorted root objects: .zattrs, then .zgroup
 
 
 def _refuse_conflicts(target: StoreTarget) -> None:
