@@ -20,7 +20,7 @@ from pipeline.blend import Blend
 from pipeline.read_guard import CorruptChunk, DatasetError
 from pipeline.reader import FlatTokensSplit
 from tests.gcs_emulator import BUCKET, gcs  # noqa: F401 - pytest fixture
-from tests.helpers import REPO, run_pipeline, write_jsonl
+from tests.helpers import REPO, remove_manifest, run_pipeline, write_jsonl
 
 CHUNK = 4096
 WORDS = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma tau "
@@ -255,15 +255,10 @@ def test_a_chunk_that_is_not_a_regular_file_is_refused_without_reading_it(datase
         proc.stdout + proc.stderr
 
 
-def without_manifest(root):
-    edit_root(root, lambda attrs: attrs.pop("manifest"))
-    (root / "flat-tokens-manifest.json").unlink()
-
-
 @pytest.mark.parametrize("manifest", [True, False], ids=["with a manifest", "from before manifests"])
 def test_a_forged_huge_shape_is_refused_before_anything_is_sized_by_it(dataset, manifest):
     if not manifest:
-        without_manifest(dataset)
+        remove_manifest(dataset)
     meta_path = dataset / "train" / "encoded_tokens" / ".zarray"
     meta = json.loads(meta_path.read_text())
     meta_path.write_text(json.dumps({**meta, "shape": [2 ** 34], "chunks": [4]}))
@@ -281,7 +276,7 @@ def test_a_forged_huge_shape_is_refused_before_anything_is_sized_by_it(dataset, 
 
 @pytest.mark.parametrize("field", ["filters", "dtype"])
 def test_a_codec_or_dtype_this_format_does_not_use_is_refused_naming_the_field(dataset, field):
-    without_manifest(dataset)
+    remove_manifest(dataset)
     meta_path = dataset / "train" / "encoded_tokens" / ".zarray"
     meta = json.loads(meta_path.read_text())
     meta[field] = [{"id": "pickle"}] if field == "filters" else "|O"

@@ -17,7 +17,7 @@ from pipeline import reader
 from pipeline.blend import Blend
 from pipeline.reader import DatasetError, FlatTokensSplit, InconsistentData
 from tests.gcs_emulator import BUCKET, gcs  # noqa: F401 - pytest fixture
-from tests.helpers import REPO, run_pipeline
+from tests.helpers import REPO, remove_manifest, run_pipeline
 
 CHUNK = 4096
 STARTS_CHUNK = 16
@@ -41,10 +41,18 @@ def builds(tmp_path_factory, corpus):
 
 @pytest.fixture
 def copy_of(builds, tmp_path, monkeypatch):
-    """A fresh copy of a build, for a test to edit; iterators read it in small pieces."""
+    """A fresh copy of a build, for a test to edit; iterators read it in small pieces. The copy
+    has no manifest: these checks are what stands where no manifest binds the metadata and
+    chunks (a dataset from before manifests, or another tool's); with one, the manifest refuses
+    each edit here first (tests/test_manifest.py)."""
     monkeypatch.setattr(reader, "TOKENS_READ", CHUNK)
     monkeypatch.setattr(reader, "STARTS_READ", STARTS_CHUNK)
-    return lambda name="a": shutil.copytree(builds[name], tmp_path / f"{name.replace(' ', '-')}.zarr")
+
+    def copy(name="a"):
+        dataset = shutil.copytree(builds[name], tmp_path / f"{name.replace(' ', '-')}.zarr")
+        remove_manifest(dataset)
+        return dataset
+    return copy
 
 
 def set_token_count(dataset, count_of):

@@ -15,7 +15,7 @@ import zarr
 
 from pipeline import inspect, verify
 from pipeline.reader import open_dataset
-from tests.helpers import SAMPLE, run_pipeline, write_jsonl
+from tests.helpers import SAMPLE, remove_manifest, run_pipeline, write_jsonl
 from transforms.write.chunk_checksums import seal_zstd_frame
 
 MULTI = ["--direct_num_workers=2", "--direct_running_mode=multi_processing"]
@@ -112,6 +112,7 @@ def test_batches_give_each_tokens_source(recorded):
 def test_verify_checks_the_array(recorded, tmp_path):
     assert verify.verify_dataset(str(recorded)) == []
     broken = shutil.copytree(recorded, tmp_path / "broken.zarr")
+    remove_manifest(broken)  # a manifest would refuse the rewritten chunks first (tests/test_manifest.py)
     arr = zarr.open_array(str(broken / "validation" / "seq_sources"), mode="r+")
     values = arr[:]
     values[0] = 3  # only sources 0..2 are named
