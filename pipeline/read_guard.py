@@ -28,6 +28,7 @@ Imports numpy, zarr and fsspec only: a trainer's environment needs no Beam.
 """
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import os
@@ -38,6 +39,8 @@ import zarr
 from fsspec.core import url_to_fs
 from zarr.storage import FsspecStore, LocalStore, WrapperStore
 
+from transforms import storage_faults
+from transforms.storage_faults import StorageUnavailable  # noqa: F401 (API: the store is unreachable)
 from transforms.write import chunk_checksums
 
 # Keys zarr may ask for that need not exist; every other key of a split is a chunk (or shard).
@@ -87,38 +90,43 @@ class ChunksMustExist(WrapperStore):
         return MissingChunk(f"{self._url}: chunk {key} is missing: the dataset lost data (or is being deleted); "
                             f"it cannot be read")
 
-    def _check(self, key: str, value, byte_range) -> None:
+    def _problem(self, key: str, value, byte_range) -> str | None:
+        """Why the bytes read for `key` are wrong (a chunk that fails its checksum, a metadata
+        document that is not JSON), or None. A missing chunk raises MissingChunk."""
         if value is None:
             if not _is_metadata(key):
                 raise self._missing(key)
-            return
-        if byte_range is not None or not self._checksums or _is_metadata(key):
-            return
+            return None
+        if byte_range is not None:
+            return None
+        if _is_metadata(key):
+            return storage_faults.not_json(value.to_bytes())
+        if not self._checksums:
+            return None
         scheme = self._checksums.get(posixpath.dirname(key)) or self._checksums.get(
             posixpath.dirname(posixpath.dirname(key)))  # zarr 2 "a/0", zarr 3 "a/c/0"
-        why = chunk_checksums.problem(value.as_numpy_array(), scheme)
-        if why:
-            raise CorruptChunk(f"{self._url}: chunk {key} is damaged: it {why}; the dataset cannot be trusted "
-                               f"there (rewrite it: rerun the command that wrote it with --overwrite)")
+        return chunk_checksums.problem(value.as_numpy_array(), scheme)
 
     async def get(self, key, prototype, byte_range=None):
-        value = await self._store.get(key, prototype, byte_range)
-        self._check(key, value, byte_range)
-        return value
+        # Bytes that fail their check are read again before they are judged, and a read that
+        # fails at the transport is retried within the store's patience (storage_faults).
+        value = await storage_faults.read_async(lambda: self._store.get(key, prototype, byte_range),
+                                                f"{self._url.rstrip('/')}/{key}",
+                                                lambda v: self._problem(key, v, byte_range))
+        why = self._problem(key, value, byte_range)
+        if why and not _is_metadata(key):
+            raise CorruptChunk(f"{self._url}: chunk {key} is damaged: it {why} (on {storage_faults.REREADS + 1} "
+                               f"reads); the dataset cannot be trusted there (rewrite it: rerun the command that "
+                               f"wrote it with --overwrite)")
+        return value  # a metadata document still not JSON: zarr names it
 
     async def get_partial_values(self, prototype, key_ranges):
-        key_ranges = list(key_ranges)
-        values = await self._store.get_partial_values(prototype, key_ranges)
-        for (key, byte_range), value in zip(key_ranges, values):
-            self._check(key, value, byte_range)
-        return values
+        return list(await asyncio.gather(*(self.get(key, prototype, byte_range)
+                                           for key, byte_range in key_ranges)))
 
     async def _get_many(self, requests):
-        requests = list(requests)
-        ranges = {key: byte_range for key, _, byte_range in requests}
-        async for key, value in self._store._get_many(requests):
-            self._check(key, value, ranges.get(key))
-            yield key, value
+        for key, prototype, byte_range in requests:
+            yield key, await self.get(key, prototype, byte_range)
 
 
 def check_chunks(array: zarr.Array, path: str, scheme: str | None) -> None:
@@ -132,15 +140,20 @@ def check_chunks(array: zarr.Array, path: str, scheme: str | None) -> None:
 
 def read(array: zarr.Array, lo: int, hi: int) -> np.ndarray:
     """array[lo:hi]; whatever reading a chunk raises (a damaged or truncated chunk: zarr's
-    codecs, zstd), a DatasetError naming the chunk and the dataset."""
-    try:
-        return np.asarray(array[lo:hi])
-    except DatasetError:
-        raise
-    except Exception as e:  # noqa: BLE001 - every failure to decode is named below
-        store = array.store_path.store
-        url = store._url if isinstance(store, ChunksMustExist) else str(store)
-        raise _locate(array, lo, hi, url, array.path, e) from None
+    codecs, zstd), a DatasetError naming the chunk and the dataset, once fresh reads failed
+    the same way (a range read cut short in transit fails zarr's own checks too)."""
+    for attempt in range(storage_faults.REREADS + 1):
+        try:
+            return np.asarray(array[lo:hi])
+        except (DatasetError, StorageUnavailable):
+            raise
+        except Exception as e:  # noqa: BLE001 - every failure to decode is named below
+            error = e
+            if attempt < storage_faults.REREADS:
+                storage_faults.count_reread()
+    store = array.store_path.store
+    url = store._url if isinstance(store, ChunksMustExist) else str(store)
+    raise _locate(array, lo, hi, url, array.path, error) from None
 
 
 def _locate(array: zarr.Array, lo: int, hi: int, url: str, path: str, error: Exception) -> DatasetError:
@@ -153,6 +166,8 @@ def _locate(array: zarr.Array, lo: int, hi: int, url: str, path: str, error: Exc
         a, b = first, min(n, first + inner)
         try:
             np.asarray(array[a:b])
+        except StorageUnavailable:
+            raise
         except DatasetError as e:
             return e
         except Exception as e:  # noqa: BLE001
@@ -206,7 +221,8 @@ class RunGuard:
             self._fs, self._path = url_to_fs(self.url, **self.storage_options)
         key = posixpath.join(self._path.rstrip("/"), ROOT_ATTRIBUTES[self.zarr_format])
         try:
-            raw = self._fs.cat_file(key)
+            raw = storage_faults.cat_file(self._fs, key, f"{self.url.rstrip('/')}/{ROOT_ATTRIBUTES[self.zarr_format]}",
+                                          storage_faults.not_json)
         except FileNotFoundError:
             return None
         document = json.loads(raw)

@@ -62,6 +62,7 @@ import zarr
 
 from pipeline import read_guard, verify
 from pipeline.read_guard import CorruptChunk, DatasetError, DatasetReplaced, MissingChunk, RunGuard  # noqa: F401 (API)
+from transforms.storage_faults import StorageUnavailable  # noqa: F401 (API: the store is unreachable; retry later)
 from transforms.write import chunk_checksums
 
 SPLITS = ("train", "validation")

@@ -35,6 +35,7 @@ from pipeline.plan import plan_job
 from pipeline.write_memory import check_write_memory
 from pipeline.options import (FlatTokensOptions, OptionError, ViewsMadeOnce, check_options, help_text,
                               unknown_option_message, unknown_options)
+from transforms import storage_faults
 from transforms.write import zarr_store
 from transforms.write.object_trees import tree_size
 from transforms.read.inputs import InputError
@@ -420,6 +421,8 @@ def _main(argv, options, ft, stopping: _Stopping) -> int:
         rejected.check_writable(plan.rejected_url, plan.target.run_id, plan.target.storage_options)
     except (OptionError, InputError, TokenizerError, zarr_store.OutputError) as e:
         return _fail(str(e), USAGE_ERROR)
+    except storage_faults.StorageUnavailable as e:  # no configuration error: the same command, later
+        return _fail(str(e), PIPELINE_FAILED)
     plan.resume = resume.prepare(plan, ft, found, plan.target.storage_options)
     for notable, line in resume.describe(plan.resume):
         (logs.log().warning if notable else logs.log().info)(line)
