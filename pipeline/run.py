@@ -380,6 +380,10 @@ def _main(argv, options, ft, stopping: _Stopping) -> int:
         if unknown:
             raise OptionError(unknown_option_message(argv, unknown[0]))
         check_options(ft)
+        try:
+            storage_faults.configure(ft.storage_patience, ft.storage_request_timeout)  # workers inherit it
+        except ValueError as e:
+            raise OptionError(str(e)) from None
         check_write_memory(ft)  # chunk and shard sizes a writer could not hold: before any data is read
         local = workers_see_launcher_disk(options)  # checks --environment_type too
         cloud.check_gcs_reachable(cloud.urls_of(ft))  # in seconds, not after gcsfs's retries

@@ -178,6 +178,14 @@ class _Handler(BaseHTTPRequestHandler):
             return
         upstream = http.client.HTTPConnection(*self.owner._upstream, timeout=UPSTREAM_TIMEOUT_S)
         try:
+            return self._forward(upstream, body, fault)
+        except OSError:  # the emulator stopped (the session ends) or the client went away
+            return self._reset()
+        finally:
+            upstream.close()
+
+    def _forward(self, upstream, body: bytes, fault: str) -> None:
+        try:
             headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_HEADERS}
             headers["Content-Length"] = str(len(body))
             upstream.request(self.command, self.path, body=body if body or self.command in ("POST", "PUT") else None,

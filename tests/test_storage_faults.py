@@ -13,7 +13,7 @@ from pipeline import verify
 from pipeline.reader import FlatTokensSplit, StorageUnavailable
 from tests.fault_proxy import FaultProxy
 from tests.gcs_emulator import BUCKET, gcs  # noqa: F401 - pytest fixture
-from tests.helpers import REPO, SAMPLE, run_pipeline
+from tests.helpers import REPO, SAMPLE, check_flat_tokens, run_pipeline
 from transforms import storage_faults
 
 CHUNK = 4096
@@ -118,7 +118,7 @@ def test_verify_waits_out_an_outage(on_gcs, proxy, capsys, monkeypatch):
     assert verify.main(verify_args(proxy)) == 0
     out, err = capsys.readouterr()
     assert out.splitlines()[-1].startswith("OK:")
-    assert f"waiting for {URL}" in err and "failed requests retried" in err
+    assert f"waiting for {URL}" in err  # gcsfs's own retries waited it out, and said so
 
 
 @pytest.mark.slow
@@ -187,3 +187,52 @@ def test_transient_errors_are_told_from_answers_about_data():
     from gcsfs.retry import HttpError
     assert storage_faults.is_transient(HttpError({"code": 503, "message": "unavailable"}))
     assert not storage_faults.is_transient(HttpError({"code": 403, "message": "forbidden"}))
+
+
+def test_a_claim_the_store_lost_is_not_called_a_takeover(gcs):
+    """The store emptied under a run (an emulator restarted, say): no other run's claim is
+    there, so no run took the output over; the message says what happened."""
+    from transforms.write import ownership
+    url = f"gs://{BUCKET}/vanished.zarr"
+    ownership.claim(url, "run-a", 1, {"endpoint_url": gcs.url, "token": "anon"})
+    gcs.fs.rm(f"{BUCKET}/vanished.zarr", recursive=True)  # everything of the run gone
+    with pytest.raises(ownership.ObjectsVanished) as e:
+        ownership.check_owner(url, "run-a", {"endpoint_url": gcs.url, "token": "anon"})
+    assert "objects of this run disappeared from the store" in str(e.value)
+    assert "took it over" not in str(e.value) and "Run the same command again" in str(e.value)
+
+
+def _run_through(proxy, gcs, output: str, *extra, check=True):
+    env = {**_env(), **proxy.env}
+    return run_pipeline("--input", SAMPLE / "*.jsonl", "--tokenizer", f"gs://{BUCKET}/tok.json", "--output",
+                        f"gs://{BUCKET}/{output}", "--tokens_chunk_size", str(CHUNK), "--seq_starts_chunk_size",
+                        "128", "--validation_fraction", "0.05", *extra, env=env, timeout=300, check=check)
+
+
+@pytest.fixture(scope="module")
+def tokenizer_on_gcs(gcs):
+    gcs.fs.put(str(SAMPLE / "tokenizer.json"), f"{BUCKET}/tok.json")
+    return f"gs://{BUCKET}/tok.json"
+
+
+@pytest.mark.slow
+def test_a_truncated_tokenizer_read_is_read_again(gcs, tokenizer_on_gcs, proxy):
+    proxy.truncate("tok.json")
+    proc = _run_through(proxy, gcs, "tok-cut.zarr", check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proxy.get_count("tok.json") >= 2
+
+
+@pytest.mark.slow
+def test_a_run_through_503s_429s_and_resets_writes_the_same_bytes(gcs, tokenizer_on_gcs, proxy, tmp_path):
+    local = tmp_path / "local.zarr"
+    run_pipeline("--input", SAMPLE / "*.jsonl", "--tokenizer", SAMPLE / "tokenizer.json", "--output", local,
+                 "--tokens_chunk_size", str(CHUNK), "--seq_starts_chunk_size", "128", "--validation_fraction", "0.05")
+    proxy.fail(0.05, seed=43)
+    proc = _run_through(proxy, gcs, "flaky.zarr", check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proxy.faults > 0
+    proxy.clear()
+    fetched = tmp_path / "flaky.zarr"
+    gcs.fs.get(f"{BUCKET}/flaky.zarr/", str(fetched) + "/", recursive=True)
+    check_flat_tokens(fetched, "--compare", local)

@@ -76,8 +76,24 @@ def request_timeout() -> float:
 def use_request_timeout() -> None:
     """Makes every gcsfs filesystem opened from now on cut an HTTP request after the request
     timeout (gcsfs's `requests_timeout`; it waits forever by default). A value given in
-    storage_options or fsspec's configuration wins."""
-    fsspec.config.conf.setdefault("gs", {}).setdefault("requests_timeout", request_timeout())
+    storage_options wins."""
+    try:
+        seconds = request_timeout()
+    except ValueError:
+        return  # a bad FLAT_TOKENS_REQUEST_TIMEOUT is named by the first read that uses it
+    fsspec.config.conf.setdefault("gs", {})["requests_timeout"] = seconds
+
+
+def configure(patience_s: float, request_timeout_s: float) -> None:
+    """`flat-tokens run`'s --storage_patience and --storage_request_timeout, for this process
+    and the worker processes it starts (they inherit the environment). ValueError names a
+    value that is not a positive number of seconds."""
+    for option, env, value in (("--storage_patience", PATIENCE_ENV, patience_s),
+                               ("--storage_request_timeout", REQUEST_TIMEOUT_ENV, request_timeout_s)):
+        if not (isinstance(value, (int, float)) and value > 0):
+            raise ValueError(f"{option} {value}: must be a positive number of seconds")
+        os.environ[env] = repr(float(value))
+    use_request_timeout()
 
 
 # ---------------------------------------------------------------------------------------------
