@@ -51,6 +51,7 @@ from pipeline import VERSION, megatron
 from pipeline.options import unknown_options
 from pipeline.reader import SPLITS, DatasetError, FlatTokensSplit, open_dataset
 from pipeline.verify import _storage_option
+from transforms import storage_faults
 
 USAGE_ERROR = 2
 PIPELINE_FAILED = 1
@@ -315,6 +316,9 @@ def main(argv=None) -> int:
     args.beam_args = beam_args
     try:
         splits, parts, dtype = plan_export(args)
+    except storage_faults.StorageUnavailable as e:  # not the user's error: the same command, later
+        print(f"flat-tokens: error: {e}", file=sys.stderr)
+        return PIPELINE_FAILED
     except (ExportError, OSError) as e:
         print(f"flat-tokens: error: {e}", file=sys.stderr)
         return USAGE_ERROR

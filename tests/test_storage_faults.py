@@ -236,3 +236,13 @@ def test_a_run_through_503s_429s_and_resets_writes_the_same_bytes(gcs, tokenizer
     fetched = tmp_path / "flaky.zarr"
     gcs.fs.get(f"{BUCKET}/flaky.zarr/", str(fetched) + "/", recursive=True)
     check_flat_tokens(fetched, "--compare", local)
+
+
+@pytest.mark.slow
+def test_inspect_during_an_outage_says_so_in_one_line(on_gcs, proxy, capsys, monkeypatch):
+    from pipeline import inspect
+    monkeypatch.setenv(storage_faults.PATIENCE_ENV, "2")
+    proxy.outage(6)
+    assert inspect.main(verify_args(proxy)) == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "storage unavailable:" in lines[0] and "--overwrite" not in lines[0], lines
