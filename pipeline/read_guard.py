@@ -77,6 +77,12 @@ class ChunksMustExist(WrapperStore):
         self._url = url
         self._checksums = {} if checksums is None else checksums  # array path -> scheme; shared by copies
 
+    @property
+    def rereads(self) -> int:
+        """Fresh reads of bytes that fail their check: an object store's response may be cut
+        short in transit; a local disk's read is what is stored (none)."""
+        return storage_faults.REREADS if isinstance(self._store, FsspecStore) else 0
+
     def _with_store(self, store):
         return type(self)(store, self._url, self._checksums)
 
@@ -112,12 +118,12 @@ class ChunksMustExist(WrapperStore):
         # fails at the transport is retried within the store's patience (storage_faults).
         value = await storage_faults.read_async(lambda: self._store.get(key, prototype, byte_range),
                                                 f"{self._url.rstrip('/')}/{key}",
-                                                lambda v: self._problem(key, v, byte_range))
+                                                lambda v: self._problem(key, v, byte_range), self.rereads)
         why = self._problem(key, value, byte_range)
         if why and not _is_metadata(key):
-            raise CorruptChunk(f"{self._url}: chunk {key} is damaged: it {why} (on {storage_faults.REREADS + 1} "
-                               f"reads); the dataset cannot be trusted there (rewrite it: rerun the command that "
-                               f"wrote it with --overwrite)")
+            reads = f" (on {self.rereads + 1} reads)" if self.rereads else ""
+            raise CorruptChunk(f"{self._url}: chunk {key} is damaged: it {why}{reads}; the dataset cannot be trusted "
+                               f"there (rewrite it: rerun the command that wrote it with --overwrite)")
         return value  # a metadata document still not JSON: zarr names it
 
     async def get_partial_values(self, prototype, key_ranges):
@@ -142,16 +148,17 @@ def read(array: zarr.Array, lo: int, hi: int) -> np.ndarray:
     """array[lo:hi]; whatever reading a chunk raises (a damaged or truncated chunk: zarr's
     codecs, zstd), a DatasetError naming the chunk and the dataset, once fresh reads failed
     the same way (a range read cut short in transit fails zarr's own checks too)."""
-    for attempt in range(storage_faults.REREADS + 1):
+    store = array.store_path.store
+    rereads = store.rereads if isinstance(store, ChunksMustExist) else 0
+    for attempt in range(rereads + 1):
         try:
             return np.asarray(array[lo:hi])
         except (DatasetError, StorageUnavailable):
             raise
         except Exception as e:  # noqa: BLE001 - every failure to decode is named below
             error = e
-            if attempt < storage_faults.REREADS:
+            if attempt < rereads:
                 storage_faults.count_reread()
-    store = array.store_path.store
     url = store._url if isinstance(store, ChunksMustExist) else str(store)
     raise _locate(array, lo, hi, url, array.path, error) from None
 

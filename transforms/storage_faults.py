@@ -35,7 +35,8 @@ PATIENCE_ENV = "FLAT_TOKENS_STORAGE_PATIENCE"
 REQUEST_TIMEOUT_ENV = "FLAT_TOKENS_REQUEST_TIMEOUT"
 DEFAULT_PATIENCE_S = 300.0  # a store that answers nothing for 5 minutes: the job fails, to be retried later
 DEFAULT_REQUEST_TIMEOUT_S = 120.0  # one request (gcsfs's own retries included); a stalled one is cut
-REREADS = 3  # fresh reads of bytes that failed their check before they are called damaged
+REREADS = 3  # fresh reads of bytes that failed their check before they are called damaged (object stores)
+REREAD_PAUSE_S = 0.05  # times the re-read's number: a cut body is a fault of one response, not of a minute
 WAITING_EVERY_S = 20.0  # a "waiting for ..." line when nothing completed for this long
 BACKOFF_S = (0.2, 0.5, 1.0, 2.0, 4.0)  # between attempts (plus jitter); the last repeats
 
@@ -204,16 +205,16 @@ def _backoff(attempt: int) -> float:
     return base * (0.5 + random.random())
 
 
-async def read_async(fetch, what: str, judge=None):
+async def read_async(fetch, what: str, judge=None, rereads: int = REREADS):
     """await fetch() (a new coroutine each call), made again while it fails at the transport
     (up to the patience in all, each attempt cut at the request timeout) or while
-    judge(value) names a problem (up to REREADS fresh reads). Returns the last value read:
+    judge(value) names a problem (up to `rereads` fresh reads). Returns the last value read:
     the caller judges it once more and calls it damaged if it still fails. Raises
     StorageUnavailable when the patience runs out; any other error at once."""
     start = time.monotonic()
     deadline = start + patience()
     noted = start + WAITING_EVERY_S
-    attempt = rereads = 0
+    attempt = reread = 0
     last = None
     while True:
         remaining = deadline - time.monotonic()
@@ -245,10 +246,10 @@ async def read_async(fetch, what: str, judge=None):
             attempt += 1
             continue
         problem = judge(value) if judge is not None else None
-        if problem and rereads < REREADS:
-            rereads += 1
+        if problem and reread < rereads:
+            reread += 1
             _count("rereads")
-            await asyncio.sleep(_backoff(rereads - 1))
+            await asyncio.sleep(REREAD_PAUSE_S * reread)
             continue
         return value
 
