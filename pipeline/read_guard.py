@@ -148,7 +148,7 @@ def read(array: zarr.Array, lo: int, hi: int) -> np.ndarray:
     """array[lo:hi]; whatever reading a chunk raises (a damaged or truncated chunk: zarr's
     codecs, zstd), a DatasetError naming the chunk and the dataset, once fresh reads failed
     the same way (a range read cut short in transit fails zarr's own checks too)."""
-    store = array.store_path.store
+    store = getattr(getattr(array, "store_path", None), "store", None)
     rereads = store.rereads if isinstance(store, ChunksMustExist) else 0
     for attempt in range(rereads + 1):
         try:
