@@ -49,11 +49,16 @@ from fsspec.core import url_to_fs
 
 from pipeline import VERSION, megatron
 from pipeline.options import unknown_options
-from pipeline.reader import SPLITS, DatasetError, FlatTokensSplit, open_dataset
+from pipeline.reader import SPLITS, CorruptChunk, DatasetError, FlatTokensSplit, MissingChunk, open_dataset
 from pipeline.verify import _storage_option
+from transforms import storage_faults
 
 USAGE_ERROR = 2
 PIPELINE_FAILED = 1
+# A dataset whose stored chunks are damaged or lost fails the export (exit 1, as verify's
+# problems do); a path that is not a dataset this tool reads, or whose arrays disagree
+# (served_checks), is refused as inspect refuses it (exit 2).
+DAMAGED = (CorruptChunk, MissingChunk)
 DEFAULT_PART_TOKENS = 1 << 30  # 2 GB of uint16 ids per .bin
 MAX_ID = 2**31 - 1
 MANIFEST = ".flat-tokens-export.json"  # PREFIX + this: the files an export wrote
@@ -260,6 +265,8 @@ def plan_export(args) -> tuple[dict, list[Part], np.dtype]:
         raise ExportError(f"--append_eod {args.append_eod}: must be a token id in [0, 2**31-1]")
     try:
         splits = open_dataset(args.dataset, so or None)
+    except DAMAGED:
+        raise
     except DatasetError as e:
         raise ExportError(str(e)) from None
     args.eod, args.eod_note = end_of_document(args.append_eod, splits)
@@ -267,6 +274,8 @@ def plan_export(args) -> tuple[dict, list[Part], np.dtype]:
     try:  # planning reads seq_starts: a split whose arrays disagree is found here (served_checks)
         parts = [p for name in SPLITS
                  for p in plan_parts(splits[name], args.prefix, args.part_tokens, args.eod is not None)]
+    except DAMAGED:
+        raise
     except DatasetError as e:
         raise ExportError(str(e)) from None
     fs, _ = url_to_fs(args.prefix, **so)
@@ -318,6 +327,9 @@ def main(argv=None) -> int:
     args.beam_args = beam_args
     try:
         splits, parts, dtype = plan_export(args)
+    except (storage_faults.StorageUnavailable, *DAMAGED) as e:  # not the user's error: the store, or the data
+        print(f"flat-tokens: error: {e}", file=sys.stderr)
+        return PIPELINE_FAILED
     except (ExportError, OSError) as e:
         print(f"flat-tokens: error: {e}", file=sys.stderr)
         return USAGE_ERROR

@@ -37,6 +37,7 @@ import numpy as np
 from pipeline import VERSION
 from pipeline.reader import SPLITS, DatasetError, FlatTokensSplit, inputs_targets, open_dataset
 from pipeline.verify import _storage_option
+from transforms import storage_faults
 from transforms.read.mixture import source_table
 from transforms.tokenize.report_files import EARLIER, read_report, row_texts
 
@@ -504,6 +505,12 @@ def main(argv=None) -> int:
         report = build_report(args)
     except (DatasetError, ValueError) as e:
         return _error(str(e).splitlines()[0] if str(e) else type(e).__name__)
+    except Exception as e:  # noqa: BLE001 - a storage fault is one line and exit 1, never a traceback
+        failure = storage_faults.one_line(e, args.path)
+        if failure is None:
+            raise
+        print(f"flat-tokens inspect: error: {failure}", file=sys.stderr)
+        return 1
     print(json.dumps(report, ensure_ascii=False, indent=1) if args.json else render(report))
     return 0
 

@@ -298,6 +298,17 @@ OPTIONS: tuple[Option, ...] = (
                 "process, which uses threads), at most 4 per core (more is refused, exit 2); Beam's "
                 "--direct_running_mode and --direct_num_workers win when given; the output is the same whatever it is",
            template="the in-process runner's only; on Dataflow the workers are --num_workers and --max_num_workers"),
+    Option(name="storage_patience", group="limits and tuning", type=float, default=300.0,
+           help="seconds one object of the store may keep failing (503, 429, resets, timeouts) or stalling before "
+                "the run fails with 'storage unavailable' (exit 1; the same command resumes); a read whose bytes "
+                "fail their checksum is read again before it is called damaged (docs/failures.md, 'Storage faults')",
+           template="the launcher's and local workers' only (FLAT_TOKENS_STORAGE_PATIENCE); Dataflow workers keep "
+                    "the default"),
+    Option(name="storage_request_timeout", group="limits and tuning", type=float, default=120.0,
+           help="seconds one request to Cloud Storage may take (gcsfs's requests_timeout) before it is cut and "
+                "retried; a stalled request never waits longer",
+           template="the launcher's and local workers' only (FLAT_TOKENS_REQUEST_TIMEOUT); Dataflow workers keep "
+                    "the default"),
     # reporting
     Option(name="summary_json", group="reporting",
            help="also write the end-of-run summary as JSON to this path (for schedulers)",

@@ -37,6 +37,7 @@ Imports numpy, zarr and fsspec only: a trainer's environment needs no Beam.
 """
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import os
@@ -49,6 +50,8 @@ from fsspec.core import url_to_fs
 from zarr.abc.store import OffsetByteRequest, RangeByteRequest, SuffixByteRequest
 from zarr.storage import FsspecStore, LocalStore, WrapperStore
 
+from transforms import storage_faults
+from transforms.storage_faults import StorageUnavailable  # noqa: F401 (API: the store is unreachable)
 from transforms.write import array_metadata, chunk_checksums, manifest
 
 # Keys zarr may ask for that need not exist; every other key of a split is a chunk (or shard).
@@ -93,6 +96,12 @@ class ChunksMustExist(WrapperStore):
         self._checksums = {} if checksums is None else checksums  # array path -> scheme; shared by copies
         self._expected = {} if expected is None else expected  # "manifest", "whole": shared by copies
 
+    @property
+    def rereads(self) -> int:
+        """Fresh reads of bytes that fail their check: an object store's response may be cut
+        short in transit; a local disk's read is what is stored (none)."""
+        return storage_faults.REREADS if isinstance(self._store, FsspecStore) else 0
+
     def _with_store(self, store):
         return type(self)(store, self._url, self._checksums, self._expected)
 
@@ -135,7 +144,8 @@ class ChunksMustExist(WrapperStore):
         whole = self._expected["whole"]
         if key not in whole:
             self._refuse_special(key, self.manifest.size_of(key))
-            value = await self._store.get(key, prototype)
+            value = await self._fetch(key, prototype, None,
+                                      lambda v: None if v is None else self.manifest.problem(key, v.to_bytes()))
             if value is None:
                 raise self._missing(key)
             self.manifest_check(key, value.to_bytes())
@@ -215,44 +225,49 @@ class ChunksMustExist(WrapperStore):
             return
         self.manifest_check(key, data)
 
+    def _judge(self, key: str, value, byte_range) -> str | None:
+        """Why the bytes read for `key` are wrong (what _check would raise), or None; a missing
+        chunk raises MissingChunk. A metadata document that is not JSON is wrong too: a read cut
+        short in transit (storage_faults reads it again)."""
+        try:
+            self._check(key, value, byte_range)
+        except MissingChunk:
+            raise
+        except DatasetError as e:  # CorruptChunk, a manifest mismatch, an unsupported document
+            return str(e)
+        if value is not None and byte_range is None and _is_metadata(key):
+            return storage_faults.not_json(value.to_bytes())
+        return None
+
+    async def _fetch(self, key: str, prototype, byte_range, judge):
+        """The object's bytes, read again while they fail `judge` (an object store's response may
+        be cut short in transit) and retried while the store fails at the transport, within
+        its patience (transforms/storage_faults.py): only bytes wrong on a fresh read are judged."""
+        return await storage_faults.read_async(lambda: self._store.get(key, prototype, byte_range),
+                                               f"{self._url.rstrip('/')}/{key}", judge, self.rereads)
+
     async def get(self, key, prototype, byte_range=None):
         listed = self.manifest
         size = None if listed is None else listed.size_of(key)
         if byte_range is not None and size is not None:  # a shard's index or inner chunk
             return prototype.buffer.from_bytes(byte_slice(await self._whole(key, prototype), byte_range))
         self._refuse_special(key, size)
-        value = await self._store.get(key, prototype, byte_range)
-        self._check(key, value, byte_range)
-        return value
-
-    def _by_range(self, requests) -> bool:
-        """Whether some request reads part of an object the manifest lists (checked whole)."""
-        listed = self.manifest
-        return listed is not None and any(r is not None and listed.expected(k) is not None for k, r in requests)
+        value = await self._fetch(key, prototype, byte_range, lambda v: self._judge(key, v, byte_range))
+        try:
+            self._check(key, value, byte_range)
+        except CorruptChunk as e:
+            if self.rereads:  # the same wrong bytes on every fresh read: stored so
+                raise CorruptChunk(f"{e} (on {self.rereads + 1} reads)") from None
+            raise
+        return value  # a metadata document still not JSON: zarr names it
 
     async def get_partial_values(self, prototype, key_ranges):
-        key_ranges = list(key_ranges)
-        if self._by_range(key_ranges):
-            return [await self.get(key, prototype, byte_range) for key, byte_range in key_ranges]
-        for key, _ in key_ranges:
-            self._refuse_special(key, None if self.manifest is None else self.manifest.size_of(key))
-        values = await self._store.get_partial_values(prototype, key_ranges)
-        for (key, byte_range), value in zip(key_ranges, values):
-            self._check(key, value, byte_range)
-        return values
+        return list(await asyncio.gather(*(self.get(key, prototype, byte_range)
+                                           for key, byte_range in key_ranges)))
 
     async def _get_many(self, requests):
-        requests = list(requests)
-        if self._by_range([(key, byte_range) for key, _, byte_range in requests]):
-            for key, prototype, byte_range in requests:
-                yield key, await self.get(key, prototype, byte_range)
-            return
-        for key, _, _ in requests:
-            self._refuse_special(key, None if self.manifest is None else self.manifest.size_of(key))
-        ranges = {key: byte_range for key, _, byte_range in requests}
-        async for key, value in self._store._get_many(requests):
-            self._check(key, value, ranges.get(key))
-            yield key, value
+        for key, prototype, byte_range in requests:  # one at a time, as zarr's own Store does
+            yield key, await self.get(key, prototype, byte_range)
 
 
 def byte_slice(data: bytes, byte_range) -> bytes:
@@ -277,15 +292,21 @@ def check_chunks(array: zarr.Array, path: str, scheme: str | None) -> None:
 
 def read(array: zarr.Array, lo: int, hi: int) -> np.ndarray:
     """array[lo:hi]; whatever reading a chunk raises (a damaged or truncated chunk: zarr's
-    codecs, zstd), a DatasetError naming the chunk and the dataset."""
-    try:
-        return np.asarray(array[lo:hi])
-    except DatasetError:
-        raise
-    except Exception as e:  # noqa: BLE001 - every failure to decode is named below
-        store = array.store_path.store
-        url = store._url if isinstance(store, ChunksMustExist) else str(store)
-        raise _locate(array, lo, hi, url, array.path, e) from None
+    codecs, zstd), a DatasetError naming the chunk and the dataset, once fresh reads failed
+    the same way (a range read cut short in transit fails zarr's own checks too)."""
+    store = getattr(getattr(array, "store_path", None), "store", None)
+    rereads = store.rereads if isinstance(store, ChunksMustExist) else 0
+    for attempt in range(rereads + 1):
+        try:
+            return np.asarray(array[lo:hi])
+        except (DatasetError, StorageUnavailable):
+            raise
+        except Exception as e:  # noqa: BLE001 - every failure to decode is named below
+            error = e
+            if attempt < rereads:
+                storage_faults.count_reread()
+    url = store._url if isinstance(store, ChunksMustExist) else str(store)
+    raise _locate(array, lo, hi, url, array.path, error) from None
 
 
 def _locate(array: zarr.Array, lo: int, hi: int, url: str, path: str, error: Exception) -> DatasetError:
@@ -298,6 +319,8 @@ def _locate(array: zarr.Array, lo: int, hi: int, url: str, path: str, error: Exc
         a, b = first, min(n, first + inner)
         try:
             np.asarray(array[a:b])
+        except StorageUnavailable:
+            raise
         except DatasetError as e:
             return e
         except Exception as e:  # noqa: BLE001
@@ -351,7 +374,8 @@ class RunGuard:
             self._fs, self._path = url_to_fs(self.url, **self.storage_options)
         key = posixpath.join(self._path.rstrip("/"), ROOT_ATTRIBUTES[self.zarr_format])
         try:
-            raw = self._fs.cat_file(key)
+            raw = storage_faults.cat_file(self._fs, key, f"{self.url.rstrip('/')}/{ROOT_ATTRIBUTES[self.zarr_format]}",
+                                          storage_faults.not_json)
         except FileNotFoundError:
             return None
         document = json.loads(raw)

@@ -68,6 +68,7 @@ from pipeline import read_guard, served_checks, verify
 from pipeline.batch_order import BatchOrder, Piece, host_rows
 from pipeline.read_guard import CorruptChunk, DatasetError, DatasetReplaced, MissingChunk, RunGuard  # noqa: F401 (API)
 from pipeline.served_checks import InconsistentData  # noqa: F401 (API)
+from transforms.storage_faults import StorageUnavailable  # noqa: F401 (API: the store is unreachable; retry later)
 from transforms.write import chunk_checksums
 
 SPLITS = ("train", "validation")
@@ -371,11 +372,19 @@ class FlatTokensSplit:
     def _read(self, arr, lo: int, hi: int, check: bool = True) -> np.ndarray:
         """arr[lo:hi]: a missing chunk raises MissingChunk (read_guard), and with `check` the run
         is confirmed after the read, so the values are the opened run's or an error is raised."""
-        values = read_guard.read(arr, lo, hi)
-        if arr is self._tokens:  # what is served is checked as it is read (served_checks)
-            self._checks.tokens(values, lo)
-        elif arr is self._starts:
-            self._checks.starts(values, lo)
+        try:
+            values = read_guard.read(arr, lo, hi)
+            if arr is self._tokens:  # what is served is checked as it is read (served_checks)
+                self._checks.tokens(values, lo)
+            elif arr is self._starts:
+                self._checks.starts(values, lo)
+        except DatasetReplaced:
+            raise
+        except DatasetError:
+            # Another run's objects fail the opened run's manifest and checks: a dataset replaced
+            # under the reader is said to be so, not called damaged.
+            self._guard.check()
+            raise
         if check:
             self._guard.check()
         return values

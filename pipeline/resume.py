@@ -46,7 +46,7 @@ CHECK_THREADS = 16  # staged files and chunks checked at once (object stores: la
 # a command is compared with what is at its output, and a dataset copied elsewhere is what the
 # same command would build there.
 _NOT_THE_COMMAND = {"output", "overwrite", "restart", "no_staging", "summary_json", "report", "progress_interval",
-                    "quiet", "verbose"}
+                    "quiet", "verbose", "storage_patience", "storage_request_timeout"}
 COMPRESSION_RATIO_GUESS = 4  # as pipeline/plan.py: progress only
 
 

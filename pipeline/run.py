@@ -35,6 +35,7 @@ from pipeline.plan import plan_job
 from pipeline.write_memory import check_write_memory
 from pipeline.options import (FlatTokensOptions, OptionError, ViewsMadeOnce, check_options, help_text,
                               option_value_error, unknown_option_message, unknown_options)
+from transforms import storage_faults
 from transforms.write import zarr_store
 from transforms.write.object_trees import tree_size
 from transforms.read.inputs import InputError
@@ -402,6 +403,10 @@ def _main(argv, options, ft, stopping: _Stopping) -> int:
         if unknown:
             raise OptionError(unknown_option_message(argv, unknown[0]))
         check_options(ft)
+        try:
+            storage_faults.configure(ft.storage_patience, ft.storage_request_timeout)  # workers inherit it
+        except ValueError as e:
+            raise OptionError(str(e)) from None
         check_write_memory(ft)  # chunk and shard sizes a writer could not hold: before any data is read
         local = workers_see_launcher_disk(options)  # checks --environment_type too
         cloud.check_gcs_reachable(cloud.urls_of(ft))  # in seconds, not after gcsfs's retries
@@ -448,6 +453,8 @@ def _main(argv, options, ft, stopping: _Stopping) -> int:
             check_report_writable(plan.dedup_report, plan.target.run_id, plan.target.storage_options)
     except (OptionError, InputError, TokenizerError, zarr_store.OutputError, ReportPathError, MissingIndex) as e:
         return _fail(str(e), USAGE_ERROR)
+    except storage_faults.StorageUnavailable as e:  # no configuration error: the same command, later
+        return _fail(str(e), PIPELINE_FAILED)
     plan.resume = resume.prepare(plan, ft, found, plan.target.storage_options)
     for notable, line in resume.describe(plan.resume):
         (logs.log().warning if notable else logs.log().info)(line)

@@ -51,6 +51,7 @@ import numpy as np
 import zarr
 
 from pipeline import VERSION, read_guard
+from transforms import storage_faults
 from transforms.gcs import close_gcs_sessions_at_exit
 from transforms.own_names import is_own_name
 from transforms.tokenize.index_files import index_problems
@@ -184,15 +185,18 @@ def open_root(url: str, storage_options: dict | None = None) -> zarr.Group | Non
     try:
         fs, path = fsspec.core.url_to_fs(url, **options)
         fs.invalidate_cache(path)  # gcsfs keeps listings: a dataset deleted since is not there
-        exists = fs.exists(path)
-    except Exception as e:  # bad protocol, credentials, network: the user must fix the URL
+        exists = storage_faults.call(fs, lambda: fs._exists(path) if fs.async_impl else fs.exists(path), url)
+    except storage_faults.StorageUnavailable:
+        raise
+    except Exception as e:  # bad protocol, credentials: the user must fix the URL
         raise CannotOpen(f"cannot open {url}: {type(e).__name__}: {e}") from None
     if not exists:
         raise CannotOpen(f"{url} does not exist")
-    # zarr refuses storage_options for a plain local path (it uses its own LocalStore there).
-    kwargs = {"storage_options": options} if "://" in url and options else {}
     try:
-        return zarr.open_group(url, mode="r", **kwargs)
+        # Through the guarded store: a metadata document cut short in transit is read again.
+        return zarr.open_group(store=read_guard.open_store(url, options), mode="r")
+    except storage_faults.StorageUnavailable:
+        raise
     except Exception as e:
         # The root metadata is written last, so split children without it mean a crashed run.
         base = path.rstrip("/")
@@ -393,6 +397,8 @@ def _read(arr: zarr.Array, member: str, lo: int, hi: int) -> np.ndarray:
         return read_guard.read(arr, lo, hi)
     except read_guard.CorruptChunk as e:  # names the chunk and the dataset
         raise _Stop(str(e)) from None
+    except storage_faults.StorageUnavailable:
+        raise  # says nothing about the data: the whole check fails, to be run again
     except Exception as e:  # a missing or unreadable chunk is a property of the data
         raise _Stop(f"cannot read {member}[{lo}:{hi}]: {type(e).__name__}: {e}") from None
 
@@ -605,12 +611,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     notes: list[str] = []
+    counted = storage_faults.counts()
     try:
         problems, summaries = check_dataset(args.path, block=args.block,
                                             storage_options=dict(args.storage_option) or None, notes=notes)
     except CannotOpen as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except Exception as e:  # noqa: BLE001 - a storage fault is one line, never a traceback
+        failure = storage_faults.one_line(e, args.path)
+        if failure is None:
+            raise
+        print(f"error: {failure}", file=sys.stderr)
+        return 1
+    retried = storage_faults.summary(since=counted)
+    if retried:
+        notes.append(retried)
     for p in problems:
         print(p)
     for note in notes:  # on stderr: stdout stays the problems and the summary line

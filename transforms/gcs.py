@@ -15,6 +15,8 @@ import weakref
 
 import fsspec
 
+from transforms import storage_faults
+
 # ---------------------------------------------------------------------------------------------
 # A local GCS emulator
 
@@ -39,6 +41,7 @@ def use_gcs_emulator_plainly() -> bool:
 
 
 use_gcs_emulator_plainly()
+storage_faults.use_request_timeout()  # no request waits forever (transforms/storage_faults.py)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ import apache_beam as beam
 import fsspec
 import numpy as np
 
+from transforms import storage_faults
 from transforms.progress import ProgressFile, show_document_lengths
 from transforms.read.inputs import PARQUET, absolute, format_of
 from transforms.records import DocumentBatch, TokenizedBatch, narrowest_ids
@@ -59,9 +60,9 @@ def _load_json_text(spec: str, storage_options: dict | None) -> tuple[str, str]:
     """The tokenizer.json text for a spec, and its kind ("file" or "hub")."""
     try:
         fs, path = fsspec.core.url_to_fs(spec, **(storage_options or {}))
-        if fs.exists(path):
-            with fs.open(path, "rb") as f:
-                return f.read().decode("utf-8"), "file"
+        if storage_faults.call(fs, lambda: fs._exists(path) if fs.async_impl else fs.exists(path), spec):
+            # Read again while its bytes are not JSON: a body cut short in transit is no bad file.
+            return storage_faults.cat_file(fs, path, spec, storage_faults.not_json).decode("utf-8"), "file"
     except (OSError, ValueError, UnicodeDecodeError) as e:
         raise TokenizerError(f"--tokenizer {spec}: cannot read it ({e})") from None
     if not _looks_like_hub_name(spec):

@@ -102,6 +102,11 @@ class OutputTaken(OutputError):
         self.landed_first = landed_first
 
 
+class ObjectsVanished(OutputError):
+    """This run's claim (and maybe more of its objects) disappeared from the store without
+    another run's claim: the store lost them; no run took the output over."""
+
+
 @dataclass(frozen=True)
 class OutputState:
     """What a run found at the output path.
@@ -428,6 +433,12 @@ def check_owner(url: str, run_id: str, storage_options: dict | None = None, doin
     """OutputTaken unless `run_id` holds the highest claim at the output."""
     fs, path = split_url(url, storage_options)
     generation, holder = current_owner(fs, path)
+    if generation == 0:
+        # No claim at all, not even this run's: nobody took the output over, the store lost it.
+        raise ObjectsVanished(f"--output {url}: objects of this run disappeared from the store (its claim is gone "
+                              f"and no other run claimed the output) while this run ({run_id}) was {doing}; the "
+                              f"store lost data (an emulator or bucket emptied, a lifecycle rule?). Run the same "
+                              f"command again: it resumes what is still there, or starts over and says so")
     if holder != run_id:
         who = f"run {holder}" if holder else "another run"
         raise OutputTaken(f"--output {url}: {who} took it over (claim {generation}) while this run ({run_id}) was "

@@ -1,0 +1,248 @@
+"""Storage faults (issue 43): a transient fault is not corruption, and every wait has a bound.
+Through a fault-injecting proxy (tests/fault_proxy.py) in front of the GCS emulator: a body cut
+short is read again, not called damaged; an outage is waited out, or ends in one line and exit
+1 once the patience runs out; a run through 503s, 429s and resets writes the same bytes."""
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from pipeline import verify
+from pipeline.reader import FlatTokensSplit, StorageUnavailable
+from tests.fault_proxy import FaultProxy
+from tests.gcs_emulator import BUCKET, gcs  # noqa: F401 - pytest fixture
+from tests.helpers import REPO, SAMPLE, check_flat_tokens, run_pipeline
+from transforms import storage_faults
+
+CHUNK = 4096
+NAME = "faults.zarr"
+URL = f"gs://{BUCKET}/{NAME}"
+TOKENS0 = f"{NAME}/train/encoded_tokens/0"
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory):
+    out = tmp_path_factory.mktemp("faults") / NAME
+    run_pipeline("--input", SAMPLE / "*.jsonl", "--tokenizer", "bytes", "--output", out, "--tokens_chunk_size",
+                 str(CHUNK), "--seq_starts_chunk_size", "128", "--validation_fraction", "0.05")
+    return out
+
+
+@pytest.fixture(scope="module")
+def on_gcs(gcs, written):
+    """The dataset, copied to the emulator as it is."""
+    gcs.fs.put(str(written) + "/", f"{BUCKET}/{NAME}/", recursive=True)
+    return URL
+
+
+@pytest.fixture(autouse=True)
+def plain_gcsfs():
+    """This process talks to the emulator as the commands do with STORAGE_EMULATOR_HOST set
+    (transforms/gcs.py): through gcsfs's core filesystem, without the gRPC probe of a bucket's
+    layout that an emulator does not answer."""
+    import fsspec
+    from fsspec.registry import registry
+    from gcsfs.core import GCSFileSystem
+    before = registry.get("gs")
+    fsspec.register_implementation("gs", GCSFileSystem, clobber=True)
+    yield
+    if before is not None:
+        fsspec.register_implementation("gs", before, clobber=True)
+
+
+@pytest.fixture
+def proxy(gcs):
+    with FaultProxy(gcs.url) as p:
+        yield p
+
+
+def through(proxy) -> dict:
+    return {"endpoint_url": proxy.url, "token": "anon"}
+
+
+def verify_args(proxy) -> list[str]:
+    return [URL, "--storage_option", f"endpoint_url={proxy.url}", "--storage_option", "token=anon"]
+
+
+def test_a_truncated_chunk_read_is_read_again_by_the_reader(on_gcs, written, proxy):
+    train = FlatTokensSplit(on_gcs, "train", through(proxy))
+    before = storage_faults.counts()
+    proxy.truncate(TOKENS0)
+    got = train.packed(0, CHUNK)
+    assert np.array_equal(got, FlatTokensSplit(str(written)).packed(0, CHUNK))
+    assert proxy.get_count(TOKENS0) == 2  # the cut read, then a fresh one
+    assert storage_faults.counts()["rereads"] == before["rereads"] + 1
+
+
+def test_a_chunk_cut_mid_transfer_is_read_again_by_the_reader(on_gcs, written, proxy):
+    train = FlatTokensSplit(on_gcs, "train", through(proxy))
+    proxy.truncate(TOKENS0, how="cut")
+    assert np.array_equal(train.packed(0, CHUNK), FlatTokensSplit(str(written)).packed(0, CHUNK))
+
+
+def test_verify_reads_a_truncated_chunk_again_and_says_ok(on_gcs, proxy, capsys):
+    proxy.truncate(TOKENS0)
+    assert verify.main(verify_args(proxy)) == 0
+    out, err = capsys.readouterr()
+    assert out.splitlines()[-1].startswith("OK:")
+    assert "storage: 1 read of bytes that failed their check were read again" in err
+    assert proxy.get_count(TOKENS0) == 2
+
+
+def test_a_truncated_metadata_read_is_read_again(on_gcs, written, proxy):
+    proxy.truncate(f"{NAME}/.zattrs")
+    train = FlatTokensSplit(on_gcs, "train", through(proxy))
+    assert train.num_tokens == FlatTokensSplit(str(written)).num_tokens
+
+
+def test_damage_still_found_on_every_fresh_read(gcs, written, proxy, tmp_path, capsys):
+    """The re-read is no excuse: bytes wrong on every read are still damaged."""
+    bad = f"{BUCKET}/damaged.zarr"
+    gcs.fs.put(str(written) + "/", bad + "/", recursive=True)
+    data = bytearray(gcs.fs.cat_file(f"{bad}/train/encoded_tokens/0"))
+    data[len(data) // 2] ^= 0x10
+    gcs.fs.pipe_file(f"{bad}/train/encoded_tokens/0", bytes(data))
+    code = verify.main([f"gs://{bad}", "--storage_option", f"endpoint_url={proxy.url}",
+                        "--storage_option", "token=anon"])
+    out, _ = capsys.readouterr()
+    assert code == 1 and "encoded_tokens/0 is damaged" in out and "on 4 reads" in out
+    assert proxy.get_count("damaged.zarr/train/encoded_tokens/0") == 4
+
+
+@pytest.mark.slow
+def test_verify_waits_out_an_outage(on_gcs, proxy, capsys, monkeypatch):
+    monkeypatch.setattr(storage_faults, "WAITING_EVERY_S", 2.0)
+    proxy.outage(6)
+    assert verify.main(verify_args(proxy)) == 0
+    out, err = capsys.readouterr()
+    assert out.splitlines()[-1].startswith("OK:")
+    assert f"waiting for {URL}" in err  # gcsfs's own retries waited it out, and said so
+
+
+@pytest.mark.slow
+def test_verify_gives_up_after_its_patience_in_one_line(on_gcs, proxy, capsys, monkeypatch):
+    monkeypatch.setenv(storage_faults.PATIENCE_ENV, "3")
+    proxy.outage(8)
+    started = time.monotonic()
+    assert verify.main(verify_args(proxy)) == 1
+    waited = time.monotonic() - started
+    out, err = capsys.readouterr()
+    assert waited < 3 * 1.1, waited
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: storage unavailable: {URL}"), err
+    assert "retry later" in lines[0] and "--overwrite" not in lines[0]
+
+
+@pytest.mark.slow
+def test_verify_command_during_an_outage_prints_no_traceback(on_gcs, proxy):
+    proxy.outage(8)
+    proc = subprocess.run([sys.executable, "-m", "pipeline.verify", URL], capture_output=True, text=True, cwd=REPO,
+                          env={**_env(), **proxy.env, storage_faults.PATIENCE_ENV: "2"}, timeout=60)
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: storage unavailable:"), proc.stderr
+
+
+@pytest.mark.slow
+def test_the_reader_waits_out_an_outage(on_gcs, written, proxy):
+    train = FlatTokensSplit(on_gcs, "train", through(proxy))
+    proxy.outage(5)
+    assert np.array_equal(train.packed(1, CHUNK), FlatTokensSplit(str(written)).packed(1, CHUNK))
+
+
+@pytest.mark.slow
+def test_the_reader_gives_up_after_its_patience(on_gcs, proxy, monkeypatch):
+    train = FlatTokensSplit(on_gcs, "train", through(proxy))
+    monkeypatch.setenv(storage_faults.PATIENCE_ENV, "3")
+    proxy.outage(8)
+    started = time.monotonic()
+    with pytest.raises(StorageUnavailable, match=f"storage unavailable: {URL}/train/encoded_tokens/1") as e:
+        train.packed(1, CHUNK)
+    assert time.monotonic() - started < 3 * 1.1
+    assert "--overwrite" not in str(e.value)
+
+
+@pytest.mark.slow
+def test_a_stalled_request_is_cut_at_the_request_timeout(on_gcs, written, proxy, monkeypatch):
+    train = FlatTokensSplit(on_gcs, "train", through(proxy))
+    monkeypatch.setenv(storage_faults.REQUEST_TIMEOUT_ENV, "1")
+    proxy.hang(4, for_s=0.5)  # requests that arrive in the next half second get no answer for 4 s
+    assert np.array_equal(train.packed(2, CHUNK), FlatTokensSplit(str(written)).packed(2, CHUNK))
+
+
+def _env() -> dict:
+    import os
+    return {k: v for k, v in os.environ.items() if k != "STORAGE_EMULATOR_HOST"}
+
+
+def test_transient_errors_are_told_from_answers_about_data():
+    import aiohttp
+    assert storage_faults.is_transient(aiohttp.ClientOSError(104, "Connection reset by peer"))
+    assert storage_faults.is_transient(TimeoutError())
+    assert not storage_faults.is_transient(FileNotFoundError("gs://b/x"))
+    assert not storage_faults.is_transient(ValueError("not JSON"))
+    from gcsfs.retry import HttpError
+    assert storage_faults.is_transient(HttpError({"code": 503, "message": "unavailable"}))
+    assert not storage_faults.is_transient(HttpError({"code": 403, "message": "forbidden"}))
+
+
+def test_a_claim_the_store_lost_is_not_called_a_takeover(gcs):
+    """The store emptied under a run (an emulator restarted, say): no other run's claim is
+    there, so no run took the output over; the message says what happened."""
+    from transforms.write import ownership
+    url = f"gs://{BUCKET}/vanished.zarr"
+    ownership.claim(url, "run-a", 1, {"endpoint_url": gcs.url, "token": "anon"})
+    gcs.fs.rm(f"{BUCKET}/vanished.zarr", recursive=True)  # everything of the run gone
+    with pytest.raises(ownership.ObjectsVanished) as e:
+        ownership.check_owner(url, "run-a", {"endpoint_url": gcs.url, "token": "anon"})
+    assert "objects of this run disappeared from the store" in str(e.value)
+    assert "took it over" not in str(e.value) and "Run the same command again" in str(e.value)
+
+
+def _run_through(proxy, gcs, output: str, *extra, check=True):
+    env = {**_env(), **proxy.env}
+    return run_pipeline("--input", SAMPLE / "*.jsonl", "--tokenizer", f"gs://{BUCKET}/tok.json", "--output",
+                        f"gs://{BUCKET}/{output}", "--tokens_chunk_size", str(CHUNK), "--seq_starts_chunk_size",
+                        "128", "--validation_fraction", "0.05", *extra, env=env, timeout=300, check=check)
+
+
+@pytest.fixture(scope="module")
+def tokenizer_on_gcs(gcs):
+    gcs.fs.put(str(SAMPLE / "tokenizer.json"), f"{BUCKET}/tok.json")
+    return f"gs://{BUCKET}/tok.json"
+
+
+@pytest.mark.slow
+def test_a_truncated_tokenizer_read_is_read_again(gcs, tokenizer_on_gcs, proxy):
+    proxy.truncate("tok.json")
+    proc = _run_through(proxy, gcs, "tok-cut.zarr", check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proxy.get_count("tok.json") >= 2
+
+
+@pytest.mark.slow
+def test_a_run_through_503s_429s_and_resets_writes_the_same_bytes(gcs, tokenizer_on_gcs, proxy, tmp_path):
+    local = tmp_path / "local.zarr"
+    run_pipeline("--input", SAMPLE / "*.jsonl", "--tokenizer", SAMPLE / "tokenizer.json", "--output", local,
+                 "--tokens_chunk_size", str(CHUNK), "--seq_starts_chunk_size", "128", "--validation_fraction", "0.05")
+    proxy.fail(0.05, seed=43)
+    proc = _run_through(proxy, gcs, "flaky.zarr", check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proxy.faults > 0
+    proxy.clear()
+    fetched = tmp_path / "flaky.zarr"
+    gcs.fs.get(f"{BUCKET}/flaky.zarr/", str(fetched) + "/", recursive=True)
+    check_flat_tokens(fetched, "--compare", local)
+
+
+@pytest.mark.slow
+def test_inspect_during_an_outage_says_so_in_one_line(on_gcs, proxy, capsys, monkeypatch):
+    from pipeline import inspect
+    monkeypatch.setenv(storage_faults.PATIENCE_ENV, "2")
+    proxy.outage(6)
+    assert inspect.main(verify_args(proxy)) == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "storage unavailable:" in lines[0] and "--overwrite" not in lines[0], lines
