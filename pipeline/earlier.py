@@ -15,8 +15,9 @@ import sys
 
 from fsspec.core import url_to_fs
 
+from pipeline import read_guard
 from transforms.read.inputs import absolute
-from transforms.tokenize.index_files import INDEX_DIRECTORY, MissingIndex, is_index_file
+from transforms.tokenize.index_files import INDEX_DIRECTORY, MissingIndex, index_key, is_index_file
 from transforms.write.zarr_store import read_root_attributes
 
 _DATED = re.compile(r"(\d{4}-\d{2}-\d{2})(.*)")
@@ -61,9 +62,11 @@ def resolve_datasets(patterns: list[str], output: str, storage_options: dict | N
     return found
 
 
-def earlier_index_files(url: str, storage_options: dict | None = None) -> list[str]:
+def earlier_index_files(url: str, storage_options: dict | None = None) -> list[tuple[str, tuple | None]]:
     """The index files of the committed dataset at `url` (as fsspec URLs), checked against its
-    commit; MissingIndex saying how to get one when there is none."""
+    commit, each with the (size, CRC-32C, tail) its manifest lists for it (None for a dataset
+    without a manifest), which the build checks it against as it reads it; MissingIndex saying
+    how to get one when there is none."""
     try:
         attrs = read_root_attributes(url, storage_options)
     except Exception as e:  # noqa: BLE001 - any reason it cannot be opened is the same answer
@@ -83,13 +86,26 @@ def earlier_index_files(url: str, storage_options: dict | None = None) -> list[s
     if len(names) != described.get("files"):
         raise MissingIndex(f"--dedup_against {url}: its dedup index has {len(names)} files, its commit says "
                            f"{described.get('files')}: damaged; rebuild it with --overwrite")
+    try:
+        listed = read_guard.load_manifest(url, storage_options)
+    except read_guard.DatasetError as e:
+        raise MissingIndex(f"--dedup_against {url}: its manifest cannot be trusted ({e}); rebuild it with "
+                           f"--overwrite") from None
+    expected = {}
+    for name in names:
+        entry = None if listed is None else listed.expected(index_key(name))
+        if listed is not None and entry is None:
+            raise MissingIndex(f"--dedup_against {url}: {index_key(name)} is not in its manifest (run "
+                               f"{listed.run_id}): not this dataset's; rebuild it with --overwrite")
+        expected[name] = None if entry is None else tuple(entry)
     protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
-    return [p if protocol in ("file", "local") else f"{protocol}://{p}" for p in names]
+    return [(p if protocol in ("file", "local") else f"{protocol}://{p}", expected[p]) for p in names]
 
 
-def index_files(datasets: list[str], storage_options: dict | None = None) -> list[tuple[int, str]]:
-    """(dataset number, index file URL) of every earlier dataset; MissingIndex when one has none."""
-    return [(i, f) for i, url in enumerate(datasets) for f in earlier_index_files(url, storage_options)]
+def index_files(datasets: list[str], storage_options: dict | None = None) -> list[tuple[int, str, tuple | None]]:
+    """(dataset number, index file URL, its manifest entry) of every earlier dataset;
+    MissingIndex when one has none."""
+    return [(i, f, entry) for i, url in enumerate(datasets) for f, entry in earlier_index_files(url, storage_options)]
 
 
 def earlier_dated(output: str, storage_options: dict | None = None) -> list[str]:

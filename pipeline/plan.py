@@ -56,7 +56,8 @@ class JobPlan:
     near: tuple[MinHashSettings, float] | None = None  # --dedup near: (signatures and bands, threshold)
     dedup_report: str | None = None  # --dedup_report: the report's directory (transforms/tokenize/dedup_report.py)
     dedup_against: list[str] = field(default_factory=list)  # --dedup_against's datasets (pipeline/earlier.py)
-    earlier_index: list[tuple[int, str]] = field(default_factory=list)  # their index files: (dataset number, URL)
+    # their index files: (dataset number, URL, the entry its dataset's manifest lists for it)
+    earlier_index: list[tuple[int, str, tuple | None]] = field(default_factory=list)
     mixture: mix.Mixture | None = None
     source_of_input: list[int] | None = None  # with a mixture: the source of each input index
     record_sources: list[int] | None = None  # --record_sources: the recorded source of each input index

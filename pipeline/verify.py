@@ -170,7 +170,7 @@ def _check_splits(root: zarr.Group, attrs: dict, fs, base: str, block: int, sche
     if "stats" in attrs:
         problems += check_stats(attrs["stats"], summaries)
     if isinstance(attrs.get("stats"), dict) and attrs["stats"].get("dedup_index"):  # --dedup exact or near
-        problems += index_problems(fs, base, attrs["stats"]["dedup_index"])
+        problems += index_problems(fs, base, attrs["stats"]["dedup_index"], root.store_path.store.manifest)
     problems += check_sources(root, attrs, summaries, block)
     return problems
 

@@ -213,6 +213,31 @@ def test_a_damaged_index_fails_verify_and_the_build_against_it(tmp_path):
 
 
 @pytest.mark.slow
+def test_index_files_in_each_other_s_place_are_refused_naming_both(tmp_path):
+    """Each index file passes its own seal wherever it lies; the manifest (issue 37) binds it to
+    its key, so two shards' files swapped fail verify and the build against them."""
+    texts = sample_texts()
+    write_jsonl(tmp_path / "a.jsonl", texts[:60])
+    write_jsonl(tmp_path / "b.jsonl", texts[40:100])
+    earlier = tmp_path / "a.zarr"
+    run_pipeline("--input", tmp_path / "a.jsonl", "--tokenizer", "bytes", "--dedup", "exact", "--num_shards", "3",
+                 "--output", earlier)
+    files = sorted((earlier / INDEX_DIRECTORY).iterdir())  # one a dedup shard
+    first, second = files[0].read_bytes(), files[1].read_bytes()
+    assert first != second
+    files[0].write_bytes(second)
+    files[1].write_bytes(first)
+    problems = verify.verify_dataset(str(earlier))
+    assert any(f"{INDEX_DIRECTORY}/{files[0].name} does not match the manifest" in p
+               and f"lists for {INDEX_DIRECTORY}/{files[1].name}" in p for p in problems), problems
+    proc = run_pipeline("--input", tmp_path / "b.jsonl", "--tokenizer", "bytes", "--dedup", "exact",
+                        "--dedup_against", earlier, "--output", tmp_path / "b.zarr", check=False)
+    assert proc.returncode == 1 and "is not the file its dataset's manifest lists there" in proc.stderr, \
+        proc.stderr[-3000:]
+    assert files[0].name in proc.stderr or files[1].name in proc.stderr
+
+
+@pytest.mark.slow
 def test_with_dedup_near_the_exact_copies_of_earlier_texts_are_removed(days, tmp_path, bpe_tokenizer):
     """Near-copies across datasets are not matched yet (docs/dedup.md); exact copies are, and
     near dedup inside the build runs beside the join, with its report."""

@@ -68,6 +68,16 @@ class Sum(NamedTuple):
         return cls(int(size), int(crc))
 
 
+def object_entry(data) -> tuple[int, int, int]:
+    """(size, CRC-32C of all but the last 4 bytes, those 4 bytes as a little-endian number): what
+    a dataset's manifest lists for an object (transforms/write/manifest.py: Entry says why not
+    the whole object's CRC-32C), computed wherever an object is checked against it."""
+    view = memoryview(data).cast("B")
+    n = view.nbytes
+    head = n - min(n, 4)
+    return n, crc32c(view[:head]), int.from_bytes(bytes(view[head:]), "little")
+
+
 def seal(payload) -> bytes:
     """`payload` with its trailer: what a staged file holds."""
     return bytes(payload) + SEAL_MAGIC + struct.pack("<I", crc32c(payload))

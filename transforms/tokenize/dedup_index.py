@@ -29,8 +29,10 @@ import numpy as np
 from fsspec.core import url_to_fs
 
 from transforms import create_only, hashing
+from transforms.checksums import object_entry
 from transforms.records import RecordCoder
-from transforms.tokenize.index_files import INDEX_DIRECTORY, INDEX_MAGIC, decode_index, encode_index, index_file_name
+from transforms.tokenize.index_files import (INDEX_DIRECTORY, INDEX_MAGIC, MissingIndex, decode_index, encode_index,
+                                             index_file_name)
 
 INDEX_DOCUMENTS = "dedup_index_documents"  # count keys: documents indexed, bytes written, files written
 INDEX_BYTES = "dedup_index_bytes"
@@ -65,11 +67,18 @@ class EarlierTexts:
 beam.coders.registry.register_coder(EarlierTexts, RecordCoder)
 
 
-def read_earlier(item: tuple[int, str], seed: int, num_shards: int, storage_options: dict | None = None):
-    """(dataset number, index file URL) -> (shard, EarlierTexts) for each of this build's dedup shards."""
-    dataset, url = item
+def read_earlier(item: tuple[int, str, tuple | None], seed: int, num_shards: int,
+                 storage_options: dict | None = None):
+    """(dataset number, index file URL, its manifest entry) -> (shard, EarlierTexts) for each
+    of this build's dedup shards. A file that is not the one its dataset's manifest lists (moved
+    to another shard's name, copied from another dataset) fails the build, naming it."""
+    dataset, url, expected = item
     fs, path = url_to_fs(url, **(storage_options or {}))
-    digests, splits = decode_index(fs.cat_file(path), url)
+    data = fs.cat_file(path)
+    if expected is not None and object_entry(data) != tuple(expected):
+        raise MissingIndex(f"--dedup_against: {url} is not the file its dataset's manifest lists there (moved, "
+                           f"copied from another dataset, or damaged); rebuild that dataset with --overwrite")
+    digests, splits = decode_index(data, url)
     for shard in np.unique(shards := hashing.content_shards(digests, seed, num_shards)).tolist():
         chosen = shards == shard
         yield int(shard), EarlierTexts(digests[chosen], splits[chosen], dataset)

@@ -58,18 +58,39 @@ def decode_index(data, name: str) -> tuple[np.ndarray, np.ndarray]:
     return digests, splits
 
 
-def index_problems(fs, base: str, described: dict) -> list[str]:
+def index_key(name: str) -> str:
+    """The key of an index file (a path or URL ending in its name) under the dataset's root:
+    what the dataset's manifest lists it by (transforms/write/manifest.py)."""
+    return f"{INDEX_DIRECTORY}/{posixpath.basename(name)}"
+
+
+def index_objects(fs, base: str) -> dict[str, bytes]:
+    """{key under the dataset's root: bytes} of every index file of the dataset at `base`:
+    what the commit lists in the manifest, so that a file moved to another shard's name or
+    copied from another dataset fails its own key's entry."""
+    directory = posixpath.join(base.rstrip("/"), INDEX_DIRECTORY)
+    names = sorted(p for p in (fs.ls(directory, detail=False) if fs.exists(directory) else []) if is_index_file(p))
+    return {index_key(name): fs.cat_file(name) for name in names}
+
+
+def index_problems(fs, base: str, described: dict, listed=None) -> list[str]:
     """What is wrong with a committed dataset's dedup index (at `base` on `fs`), as its
-    stats["dedup_index"] (`described`) records it: files missing or extra, damaged, or
-    documents that do not add up."""
+    stats["dedup_index"] (`described`) records it: files missing or extra, damaged, not the
+    ones the dataset's manifest `listed` (when it has one) names, or documents that do not add
+    up."""
     directory = posixpath.join(base.rstrip("/"), INDEX_DIRECTORY)
     names = sorted(p for p in (fs.ls(directory, detail=False) if fs.exists(directory) else []) if is_index_file(p))
     if len(names) != described.get("files"):
         return [f"dedup index: {len(names)} files in {INDEX_DIRECTORY}/, the commit recorded {described.get('files')}"]
     documents, problems = 0, []
     for name in names:
+        data = fs.cat_file(name)
+        why = None if listed is None else listed.problem(index_key(name), data)
+        if why:
+            problems.append(f"dedup index: {index_key(name)} {why}")
+            continue
         try:
-            documents += decode_index(fs.cat_file(name), name)[0].shape[0]
+            documents += decode_index(data, name)[0].shape[0]
         except (Damaged, MissingIndex) as e:
             problems.append(f"dedup index: {e}")
     if not problems and documents != described.get("documents"):

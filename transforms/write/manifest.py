@@ -41,7 +41,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from transforms.checksums import crc32c
+from transforms.checksums import crc32c, object_entry
 
 MANIFEST = "flat-tokens-manifest.json"  # at the dataset's root, beside the root metadata
 ATTRIBUTE = "manifest"  # the root attribute that seals it
@@ -68,10 +68,7 @@ class Entry(NamedTuple):
 
     @classmethod
     def of(cls, data) -> "Entry":
-        view = memoryview(data).cast("B")
-        n = view.nbytes
-        head = n - min(n, 4)
-        return cls(n, crc32c(view[:head]), int.from_bytes(bytes(view[head:]), "little"))
+        return cls(*object_entry(data))
 
     @classmethod
     def after(cls, data, crc: int, covered_to_end: int) -> "Entry":

@@ -25,6 +25,7 @@ from zarr.core.buffer import default_buffer_prototype
 from transforms import create_only
 from transforms.checksums import Sum
 from transforms.gcs import close_gcs_sessions_at_exit
+from transforms.tokenize.index_files import index_objects
 from transforms.write import chunk_checksums, manifest, ownership, stored_sums
 from transforms.write.ownership import OutputError, OutputTaken  # noqa: F401 - part of this module's API
 
@@ -494,7 +495,9 @@ def commit_objects(target: StoreTarget, root_attributes: dict, split_attributes:
     bound = {k: v for k, v in root_objects(root_attributes).items() if k not in (".zattrs", "zarr.json")}
     fs, root = filesystem(target.url, target.storage_options)
     arrays = {f"{split}/{name}": name for split in split_attributes for name in target.arrays()}
-    listed = stored_sums.dataset_manifest(fs, root, target.run_id, arrays, {**objects, **bound}, target.checksums())
+    index = index_objects(fs, root)  # the dedup index (--dedup exact/near), bound to its keys too
+    listed = stored_sums.dataset_manifest(fs, root, target.run_id, arrays, {**objects, **bound, **index},
+                                          target.checksums())
     manifest_bytes = listed.to_bytes()
     objects[manifest.MANIFEST] = manifest_bytes
     objects.update(root_objects({**root_attributes, manifest.ATTRIBUTE: manifest.seal(manifest_bytes,
