@@ -68,7 +68,10 @@ def child_read(mode: str, dataset: str) -> dict:
         for ids in split:
             count += ids.size
     else:
-        for _, targets in split.packed_batches(2048, 32, epochs=1):
+        # An epoch is num_windows // batch_size full batches (docs/reader.md): a small split
+        # (the smoke test's) is read in batches of what it holds.
+        batch_size = max(1, min(32, split.num_windows(2048)))
+        for _, targets in split.packed_batches(2048, batch_size, epochs=1):
             count += targets.size
     return {"tokens": count, "loop_seconds": time.perf_counter() - started,
             "loop_cpu_seconds": time.process_time() - cpu, "checksums": split.chunk_checksums}

@@ -251,7 +251,8 @@ def phase_layout_commit(args) -> dict:
     stats = attrs["stats"]
     counts = {k: stats[k] for k in ("lines", "documents", "blank", "rejected", "empty", "duplicates")}
     counts.update({f"rejected:{k}": v for k, v in stats["rejected_by_reason"].items()})
-    provenance = {k: v for k, v in attrs.items() if k not in ("format", "complete", "stats", "storage")}
+    # The commit adds the manifest's seal (issue 37) as it adds the stats: not provenance.
+    provenance = {k: v for k, v in attrs.items() if k not in ("format", "complete", "stats", "storage", "manifest")}
     with Measured() as commit_m:
         committed = CommitFn(target, provenance).commit(chunk_counts([owned, shared]), layout, counts)
     assert committed == stats, "the re-made layout does not match the run's: the simulation is wrong"

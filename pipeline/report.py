@@ -37,7 +37,7 @@ import fsspec
 import numpy as np
 
 from pipeline import VERSION
-from pipeline.inspect import LengthDistribution, choose_decoder, storage_bytes
+from pipeline.inspect import LengthDistribution, NoTokenizers, choose_decoder, storage_bytes
 from pipeline.reader import SPLITS, DatasetError, FlatTokensSplit, decode, open_dataset
 from transforms.tokenize.report_files import COLUMNS, read_report_file, row_texts, run_report_files
 
@@ -345,12 +345,10 @@ def collect(args) -> dict:
     options = dict(args.storage_option) or None
     splits = open_dataset(args.dataset, options)
     attrs = splits["train"].attrs
-    try:
+    try:  # the reader-only install has no `tokenizers`: the page shows ids, and says how to decode
         decoder, note = choose_decoder(args.tokenizer, attrs.get("tokenizer"), options)
-    except ImportError as e:  # the reader-only install has no `tokenizers`: the page shows ids
-        if args.tokenizer:
-            raise ValueError(f"--tokenizer {args.tokenizer}: needs {e.name}, which this environment lacks") from None
-        decoder, note = None, f"the recorded tokenizer needs {e.name}, which this environment lacks: showing token ids"
+    except NoTokenizers as e:  # asked for by --tokenizer: the user's choice cannot be honoured
+        raise ValueError(f"--tokenizer {args.tokenizer}: {e}") from None
     summary = args.summary_data
     if summary is None and args.summary:
         try:

@@ -125,10 +125,13 @@ def test_the_reader_install_reports_a_bpe_dataset_as_token_ids(reader_venv, tmp_
     html = tmp_path / "r.html"
     proc = in_venv(reader_venv, reader_venv / "flat-tokens", "report", out, "--html", html, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "needs tokenizers, which this environment lacks: showing token ids" in html.read_text()
+    page = html.read_text()
+    assert "showing token ids" in page and "pip install tokenizers" in page
     proc = in_venv(reader_venv, reader_venv / "flat-tokens", "report", out, "--html", html, "--tokenizer",
                    bpe_tokenizer, cwd=tmp_path)
-    assert proc.returncode == 2 and proc.stderr.strip().endswith("needs tokenizers, which this environment lacks")
+    assert proc.returncode == 2 and proc.stderr.strip().endswith(f"--tokenizer {bpe_tokenizer}: decoding a "
+                                                                  f"tokenizer.json needs the `tokenizers` package: "
+                                                                  f"pip install tokenizers"), proc.stderr
 
 
 @pytest.mark.slow  # builds a virtual environment and installs into it

@@ -433,8 +433,9 @@ def check_owner(url: str, run_id: str, storage_options: dict | None = None, doin
     """OutputTaken unless `run_id` holds the highest claim at the output."""
     fs, path = split_url(url, storage_options)
     generation, holder = current_owner(fs, path)
-    if generation == 0:
+    if generation == 0 and run_id:
         # No claim at all, not even this run's: nobody took the output over, the store lost it.
+        # (A target without a run id writes without claims: tools and benchmarks, as before.)
         raise ObjectsVanished(f"--output {url}: objects of this run disappeared from the store (its claim is gone "
                               f"and no other run claimed the output) while this run ({run_id}) was {doing}; the "
                               f"store lost data (an emulator or bucket emptied, a lifecycle rule?). Run the same "
