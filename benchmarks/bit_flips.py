@@ -117,18 +117,8 @@ def try_flip(root: Path, path: Path, byte: int, bit: int, expected: dict) -> dic
     data[byte] ^= 1 << bit
     path.write_bytes(bytes(data))
     try:
-        problems = verify.verify_dataset(str(root))
-        try:
-            served = read_all(root)
-            reader = "silent-same" if same(served, expected) else "silent-DIFFERENT"
-            reader_message = None
-        except DatasetError as e:
-            reader, reader_message = "error", str(e)
         return {"object": str(path.relative_to(root)), "byte": byte, "bit": bit, "size": len(data),
-                "verify": "error" if problems else ("silent-same" if reader != "silent-DIFFERENT"
-                                                    else "silent-DIFFERENT"),
-                "reader": reader, "verify_message": problems[0] if problems else None,
-                "reader_message": reader_message}
+                **outcome(root, expected)}
     finally:
         data[byte] ^= 1 << bit
         path.write_bytes(bytes(data))

@@ -3,6 +3,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import zarr
@@ -80,3 +81,21 @@ def remove_manifest(root: Path) -> None:
         meta = json.loads((root / "zarr.json").read_text())
         meta["attributes"].pop("manifest")
         (root / "zarr.json").write_text(json.dumps(meta))
+
+
+class CountingReads:
+    """Stands in for a split's encoded_tokens array: counts the tokens each read asks for, and
+    the stored (compressed) bytes of the chunks it decompresses (what a host or a DataLoader
+    worker downloads from gs://)."""
+
+    def __init__(self, arr, chunk_bytes):
+        self.arr, self.shape, self.chunks, self.chunk_bytes = arr, arr.shape, arr.chunks, chunk_bytes
+        self.tokens = self.bytes = 0
+        self._lock = threading.Lock()
+
+    def __getitem__(self, key):
+        c = self.chunks[0]
+        with self._lock:
+            self.tokens += key.stop - key.start
+            self.bytes += sum(self.chunk_bytes[i] for i in range(key.start // c, (key.stop - 1) // c + 1))
+        return self.arr[key]

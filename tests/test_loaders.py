@@ -2,7 +2,6 @@
 (interleaved worker by worker, they are the host's stream), its state for resuming, and the
 map-style source of sequences; on a dataset written by the real pipeline."""
 import pickle
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +10,7 @@ import pytest
 from pipeline.blend import Blend
 from pipeline.loaders import PackedBatchStream, SequenceSource
 from pipeline.reader import DatasetError, FlatTokensSplit
-from tests.helpers import run_pipeline
+from tests.helpers import CountingReads, run_pipeline
 
 LENGTH = 128
 SIZES = {"block_tokens": 4 * LENGTH, "buffer_blocks": 3}
@@ -131,23 +130,6 @@ def test_sequences_map_style(byte_splits):
     cut = SequenceSource(validation, max_length=5)
     assert all(cut[i].tolist() == validation.sequence(i).tolist()[:5] for i in range(10))
     assert source[0].dtype == np.int32
-
-
-class CountingReads:
-    """Stands in for encoded_tokens: counts the tokens each read asks for, and the stored
-    (compressed) bytes of the chunks it decompresses (what a worker downloads from gs://)."""
-
-    def __init__(self, arr, chunk_bytes):
-        self.arr, self.shape, self.chunks, self.chunk_bytes = arr, arr.shape, arr.chunks, chunk_bytes
-        self.tokens = self.bytes = 0
-        self._lock = threading.Lock()
-
-    def __getitem__(self, key):
-        c = self.chunks[0]
-        with self._lock:
-            self.tokens += key.stop - key.start
-            self.bytes += sum(self.chunk_bytes[i] for i in range(key.start // c, (key.stop - 1) // c + 1))
-        return self.arr[key]
 
 
 @pytest.fixture(scope="module")

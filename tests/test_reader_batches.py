@@ -1,7 +1,6 @@
 """packed_batches for trainers: data-parallel ranks and document masks (segment ids and
 positions), on a dataset written by the real pipeline."""
 import math
-import threading
 from collections import Counter
 from pathlib import Path
 
@@ -11,7 +10,7 @@ import zarr
 
 from pipeline.batch_order import BatchOrder, host_rows
 from pipeline.reader import Batch, FlatTokensSplit, segments
-from tests.helpers import run_pipeline
+from tests.helpers import CountingReads, run_pipeline
 
 LONG = 1024  # a few hundred windows: a test reads several epochs
 SMALL = {"block_tokens": 5 * LONG, "buffer_blocks": 3}  # many buffers, so ranks cross buffer edges
@@ -141,23 +140,6 @@ def test_with_epochs_every_rank_yields_as_many_full_batches(train):
         epoch += row_counts(np.concatenate([t for _, t in ranks[r]])[:m * batch // world_size])
     assert sum(epoch.values()) == m * batch
     assert not epoch - row_counts(train.packed_batch(range(train.num_windows(length)), length)[1])  # none twice
-
-
-class CountingReads:
-    """Stands in for encoded_tokens: counts the tokens each read asks for, and the stored
-    (compressed) bytes of the chunks it decompresses (what a host downloads from gs://)."""
-
-    def __init__(self, arr, chunk_bytes):
-        self.arr, self.shape, self.chunks, self.chunk_bytes = arr, arr.shape, arr.chunks, chunk_bytes
-        self.tokens = self.bytes = 0
-        self._lock = threading.Lock()
-
-    def __getitem__(self, key):
-        c = self.chunks[0]
-        with self._lock:
-            self.tokens += key.stop - key.start
-            self.bytes += sum(self.chunk_bytes[i] for i in range(key.start // c, (key.stop - 1) // c + 1))
-        return self.arr[key]
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 4, 8])
