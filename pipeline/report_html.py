@@ -267,8 +267,12 @@ def provenance(r: dict) -> str:
              ("versions", esc(f"written by {package.get('name')} {package.get('version')}; report by {r['version']}")),
              ("storage", esc(", ".join(f"{k} {json.dumps(v)}" for k, v in (p.get("storage") or {}).items()))),
              ("checksums", esc(p["checksums"])),
-             ("manifest", esc("recorded: " + json.dumps(manifest)[:300] + " (not checked by the report: "
-                              "`flat-tokens verify` checks it)") if manifest else "none recorded in the dataset"),
+             # The report reads through the reader, which checks the seal when it opens the dataset
+             # and each object it reads against the manifest (pipeline/read_guard.py).
+             ("manifest", esc(f"sealed ({manifest.get('size')} bytes, sha256 {str(manifest.get('sha256'))[:16]}…): "
+                              "every object this report read was checked against it; `flat-tokens verify` "
+                              "checks every object") if isinstance(manifest, dict) else
+              "none recorded in the dataset (committed before manifests): only the chunks' own checksums"),
              ("build", esc(f"{build['wall_seconds']:,.1f} s, {build['tokens_per_second'] or 0:,.0f} tokens/s, "
                            f"{size(build.get('output_bytes'))} written") if build and build.get("wall_seconds")
               is not None else "not recorded in the dataset (give the run's --summary_json as --summary)"),
