@@ -13,6 +13,7 @@ rendered in a real browser) and by `python -m tests.report_screenshot` (docs/rep
 from __future__ import annotations
 
 import base64
+import fcntl
 import json
 import os
 import shutil
@@ -76,15 +77,33 @@ class Page:
         return base64.b64decode(self.send("Page.printToPDF", printBackground=False)["data"])
 
 
+STARTS = 3  # a browser that exits before its first answer (seen once on 2 loaded cores) is started again
+
+
 class Chromium:
     def __init__(self):
+        for start in range(STARTS):
+            self._start()
+            try:
+                self.send("Browser.getVersion")
+                return
+            except (OSError, RuntimeError, TimeoutError) as e:
+                self.close()
+                if start == STARTS - 1:
+                    raise RuntimeError(f"headless Chromium did not answer on its protocol pipe after {STARTS} "
+                                       f"starts ({type(e).__name__}: {e})") from None
+
+    def _start(self) -> None:
         self.profile = tempfile.mkdtemp(prefix="chromium-profile-")
         to_browser_r, self._to_browser = os.pipe()
         self._from_browser, from_browser_w = os.pipe()
 
         def fds():  # in the child: the protocol's fds 3 and 4
-            os.dup2(to_browser_r, 3)
-            os.dup2(from_browser_w, 4)
+            # Moved above 4 first: a pipe end that is itself fd 3 or 4 would be overwritten by the
+            # other's dup2.
+            r, w = fcntl.fcntl(to_browser_r, fcntl.F_DUPFD, 10), fcntl.fcntl(from_browser_w, fcntl.F_DUPFD, 10)
+            os.dup2(r, 3)
+            os.dup2(w, 4)
 
         self.proc = subprocess.Popen(
             [binary(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
