@@ -8,14 +8,14 @@ from pathlib import Path
 
 from setuptools import find_packages, setup
 
-VERSION = re.search(r'__version__ = "([^"]+)"', Path(__file__).with_name("pipeline").joinpath("__init__.py").read_text()).group(1)
+VERSION = re.search(r'__version__ = "([^"]+)"', Path(__file__).with_name("flat_tokens").joinpath("__init__.py").read_text()).group(1)
 
 setup(
     name="flat-tokens-beam",
     version=VERSION,
     description="Apache Beam pipeline: JSONL corpus -> globally shuffled, tokenized flat-tokens zarr dataset",
     python_requires=">=3.10",
-    packages=find_packages(include=["pipeline", "transforms", "transforms.*"]),
+    packages=find_packages(include=["flat_tokens", "flat_tokens.*", "pipeline", "pipeline.*", "transforms", "transforms.*"]),
     include_package_data=True,
     package_data={"pipeline": ["sample/*.jsonl", "sample/tokenizer.json"]},
     install_requires=[
@@ -23,7 +23,7 @@ setup(
         "tokenizers>=0.21",
         "zarr>=3.1,<4",
         "numcodecs>=0.15",
-        # CRC-32C of every chunk and staged file (transforms/checksums.py): a CPU instruction,
+        # CRC-32C of every chunk and staged file (flat_tokens/format/checksums.py): a CPU instruction,
         # zarr 3's own crc32c codec's implementation (zarr requires it already).
         "google-crc32c>=1.5",
         "numpy>=1.26",

@@ -16,7 +16,7 @@ benchmark corpus. Three measurements, each in rounds that alternate with and wit
       dataset (A) wrote: zstd-1 with the CRC-32C frame after each frame against plain
       zstd-1 (the chunk writer's work), and the CRC-32C of the staged ids (each batch's
       ids, summed as they are staged); in CPU seconds, and as a share of the pipeline's CPU.
-      With the pipeline's malloc settings (pipeline/allocator.py: freed memory is reused), as
+      With the pipeline's malloc settings (pipeline/local/allocator.py: freed memory is reused), as
       a local run has them: otherwise every new chunk object costs fresh pages.
   (C) reading: `for ids in split` over the train split (and one epoch of
       `packed_batches(2048, 32)`), each in a process of its own, on the dataset as written
@@ -60,7 +60,7 @@ def median(values):
 
 def child_read(mode: str, dataset: str) -> dict:
     sys.path.insert(0, str(REPO))
-    from pipeline.reader import FlatTokensSplit
+    from flat_tokens.reader import FlatTokensSplit
 
     split = FlatTokensSplit(dataset, "train")
     started, cpu, count = time.perf_counter(), time.process_time(), 0
@@ -138,9 +138,9 @@ def added_work(values: list, rounds: int) -> dict:
     import numcodecs
     import numpy as np
 
-    from pipeline import allocator
-    from transforms.checksums import Sum
-    from transforms.write import chunk_checksums
+    from pipeline.local import allocator
+    from flat_tokens.format.checksums import Sum
+    from flat_tokens.format import chunk_checksums
 
     allocator.keep_freed_memory_for_reuse()  # as the pipeline's local runs do: freed memory reused
     plain = numcodecs.Zstd(level=1)

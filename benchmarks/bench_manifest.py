@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""What the manifest (transforms/write/manifest.py) costs at scale: its size per chunk, and the
+"""What the manifest (flat_tokens/format/manifest.py) costs at scale: its size per chunk, and the
 time a reader takes to load and check it, for a dataset of --chunks data objects (default
 250,000: ~1 TB of text at the default 1 MiB chunks), split as the pipeline splits them.
 
@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from transforms.write import manifest
+from flat_tokens.format import manifest
 
 
 def build(chunks: int) -> tuple[manifest.Manifest, dict]:

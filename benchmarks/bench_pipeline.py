@@ -792,7 +792,7 @@ def report(r: dict) -> list[str]:
 
 
 def describe_parallelism(p: dict) -> str:
-    """The summary's line (pipeline/parallelism.py describe), without importing the project."""
+    """The summary's line (pipeline/local/parallelism.py describe), without importing the project."""
     if p["mode"] == "in_memory":
         what = f"one process, threads on {p['cores']} cores"
     elif p["mode"] == "multi_processing":

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmark pipeline.reader on a committed flat-tokens dataset.
+"""Benchmark flat_tokens.reader on a committed flat-tokens dataset.
 
     python benchmarks/bench_reader.py --dataset out.zarr
 
@@ -66,7 +66,7 @@ def child_raw(dataset: str, split: str) -> dict:
 
 def child_reader(mode: str, dataset: str, split: str, length: int, batch: int, sample: int) -> dict:
     sys.path.insert(0, str(REPO))
-    from pipeline.reader import FlatTokensSplit
+    from flat_tokens.reader import FlatTokensSplit
 
     data = FlatTokensSplit(dataset, split)
     started, cpu = time.perf_counter(), time.process_time()

@@ -64,7 +64,7 @@ def main() -> int:
         walls, owns = [], []
         for _ in range(args.repeats):
             began = time.monotonic()
-            proc = subprocess.run([sys.executable, "-m", "pipeline.report", str(out), "--html", str(work / "r.html"),
+            proc = subprocess.run([sys.executable, "-m", "flat_tokens.tools.report", str(out), "--html", str(work / "r.html"),
                                    *args.report_args.split()], check=True, env=env, capture_output=True, text=True)
             walls.append(time.monotonic() - began)
             owns.append(float(re.search(r"\(([\d.]+) s;", proc.stdout).group(1)))

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The cost of the reader's checks of what it serves (pipeline/served_checks.py).
+"""The cost of the reader's checks of what it serves (flat_tokens/served_checks.py).
 
     python benchmarks/bench_served_checks.py --dataset out.zarr [--rounds 3]
 
@@ -23,7 +23,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from pipeline.reader import FlatTokensSplit  # noqa: E402
+from flat_tokens.reader import FlatTokensSplit  # noqa: E402
 
 
 class TimedChecks:

@@ -51,9 +51,9 @@ sys.path.insert(0, str(REPO))
 import numcodecs  # noqa: E402
 import numpy as np  # noqa: E402
 
-from pipeline import verify  # noqa: E402
-from pipeline.read_guard import DatasetError  # noqa: E402
-from pipeline.reader import SPLITS, FlatTokensSplit  # noqa: E402
+from flat_tokens.tools import verify  # noqa: E402
+from flat_tokens.read_guard import DatasetError  # noqa: E402
+from flat_tokens.reader import SPLITS, FlatTokensSplit  # noqa: E402
 
 ARRAYS = ("encoded_tokens", "seq_starts", "seq_sources")
 

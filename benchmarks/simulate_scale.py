@@ -16,7 +16,7 @@ and peak RSS above the process's baseline, from /proc/self/status after resettin
             the pickled size of the layout side input
   commit    CommitDataset's commit of that output, with the receipts its writers sent:
             time, memory, the pickled size of every side input it reads
-  summary   the launcher's output size (`transforms.write.object_trees.tree_size`) against
+  summary   the launcher's output size (`flat_tokens.format.object_trees.tree_size`) against
             fsspec's `du`, which lists every object first
   shard     the largest step on a worker at 1 TB: one shuffle shard of the size auto
             sharding gives (64 MiB of text), made of the parts it would receive, sorted
@@ -283,7 +283,7 @@ class _Sized:
 def phase_summary(args) -> dict:
     from fsspec.core import url_to_fs
 
-    from transforms.write.object_trees import tree_size
+    from flat_tokens.format.object_trees import tree_size
     fs, path = url_to_fs(str(args.work / "out.zarr"))
     with Measured() as ours:
         size = tree_size(fs, path)
@@ -399,7 +399,7 @@ def phase_gcs_step(args) -> dict:
     os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"
     from gcsfs.core import GCSFileSystem
 
-    from transforms.write.object_trees import remove_tree, tree_size
+    from flat_tokens.format.object_trees import remove_tree, tree_size
     fs = GCSFileSystem(endpoint_url=args.gcs_url, token="anon")
     base = "scale/out.zarr"
     if args.gcs_step == "upload":

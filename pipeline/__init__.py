@@ -1,4 +1,5 @@
-"""flat-tokens-beam: options, the pipeline graph and the entry points (run, verify)."""
+"""flat-tokens-beam's job: options, the pipeline graph and the entry points (run, export).
 
-__version__ = "0.1.0"
-VERSION = f"flat-tokens-beam {__version__}"  # what --version prints
+The trainer's side (reader, Blend, verify, inspect, report) is the `flat_tokens` package."""
+
+from flat_tokens import VERSION, __version__  # noqa: F401 (one version for both packages)

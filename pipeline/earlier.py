@@ -15,9 +15,9 @@ import sys
 
 from fsspec.core import url_to_fs
 
-from pipeline import read_guard
+from flat_tokens import read_guard
 from transforms.read.inputs import absolute
-from transforms.tokenize.index_files import INDEX_DIRECTORY, MissingIndex, index_key, is_index_file
+from flat_tokens.format.index_files import INDEX_DIRECTORY, MissingIndex, index_key, is_index_file
 from transforms.write.zarr_store import read_root_attributes
 
 _DATED = re.compile(r"(\d{4}-\d{2}-\d{2})(.*)")

@@ -5,17 +5,17 @@
                        [--part_tokens N] [--overwrite] [--storage_option KEY=VALUE ...] [Beam options]
 
 Each split is cut into parts of about --part_tokens tokens, at sequence boundaries; part k of
-a split is `PREFIX-SPLIT-0000k.bin` and `.idx` (pipeline/megatron.py: the layout). Parts are
+a split is `PREFIX-SPLIT-0000k.bin` and `.idx` (flat_tokens/megatron.py: the layout). Parts are
 planned in the launcher (a few seq_starts reads per part, however large the split), and each
 part is written by one worker, in parallel, with no merge step. A part's files are written
 under temporary names and renamed into place, so a retried bundle writes the same bytes to
-the same names. Every part reads the run the launcher opened (pipeline.reader refuses a
+the same names. Every part reads the run the launcher opened (flat_tokens.reader refuses a
 replaced dataset). At the end the launcher checks every file's size and prints Megatron's
 data-path lists, weighted by tokens.
 
 Megatron's GPT datasets expect an end-of-document id between documents, and flat-tokens stores
 none: by default each sequence is followed by the end-of-text id of the tokenizer the dataset
-records (pipeline/megatron.py: dataset_end_of_text), none when it defines none; `--append_eod
+records (flat_tokens/megatron.py: dataset_end_of_text), none when it defines none; `--append_eod
 ID` chooses the id and `--append_eod none` writes none. The output says which.
 
 An export's own files are listed in its manifest, `PREFIX.flat-tokens-export.json`, written
@@ -47,11 +47,12 @@ import numpy as np
 from apache_beam.options.pipeline_options import PipelineOptions
 from fsspec.core import url_to_fs
 
-from pipeline import VERSION, megatron
+from pipeline import VERSION
+from flat_tokens import megatron
 from pipeline.options import unknown_options
-from pipeline.reader import SPLITS, CorruptChunk, DatasetError, FlatTokensSplit, MissingChunk, open_dataset
-from pipeline.verify import _storage_option
-from transforms import storage_faults
+from flat_tokens.reader import SPLITS, CorruptChunk, DatasetError, FlatTokensSplit, MissingChunk, open_dataset
+from flat_tokens.tools.verify import storage_option
+from flat_tokens.format import storage_faults
 
 USAGE_ERROR = 2
 PIPELINE_FAILED = 1
@@ -156,7 +157,7 @@ def parse_args(argv):
                     help=f"about this many tokens per part, each written by one worker (default {DEFAULT_PART_TOKENS})")
     ap.add_argument("--overwrite", action="store_true",
                     help="replace an earlier export at PREFIX: every file its manifest lists, and nothing else")
-    ap.add_argument("--storage_option", type=_storage_option, action="append", default=[], metavar="KEY=VALUE",
+    ap.add_argument("--storage_option", type=storage_option, action="append", default=[], metavar="KEY=VALUE",
                     help="fsspec storage option for the dataset and the prefix, repeatable")
     ap.add_argument("--version", action="version", version=VERSION)
     return ap.parse_known_args(argv)
@@ -201,7 +202,7 @@ def _temporary_name(base: str) -> re.Pattern:
 
 
 def _part_name(base: str) -> re.Pattern:
-    """The names of an export's parts: PREFIX-SPLIT-NNNNN (pipeline/megatron.py: part_name)."""
+    """The names of an export's parts: PREFIX-SPLIT-NNNNN (flat_tokens/megatron.py: part_name)."""
     return re.compile(re.escape(base) + r"-(train|validation)-\d{5}$")
 
 

@@ -3,8 +3,9 @@
 Imported before apache_beam, because Beam logs an irrelevant warning ("apitools not found")
 through the root logger while it is being imported."""
 import logging
-import os
 import sys
+
+from flat_tokens.tools.cli import exit_process  # noqa: F401 (the job's entry points end through it too)
 
 LOGGER = "flat_tokens"
 _NOISE = ("apitools not found",)
@@ -34,33 +35,6 @@ def configure(level: str = "info") -> None:
 
 def log() -> logging.Logger:
     return logging.getLogger(LOGGER)
-
-
-def _observed() -> bool:
-    """Whether a profiler or tracer (cProfile, coverage, a debugger) is watching this process."""
-    if sys.getprofile() is not None or sys.gettrace() is not None:
-        return True
-    # From Python 3.12 cProfile and coverage may watch through sys.monitoring instead.
-    monitoring = getattr(sys, "monitoring", None)
-    return monitoring is not None and any(
-        monitoring.get_tool(tool) is not None for tool in (monitoring.PROFILER_ID, monitoring.COVERAGE_ID))
-
-
-def exit_process(code: int) -> None:
-    """Ends a command-line process once its output is flushed, without the interpreter's
-    teardown: freeing the tokenizers, a last garbage collection over Beam's objects and
-    module cleanup measured 0.3 s of CPU at the end of every run, and do nothing the
-    operating system does not do when the process ends. Files are closed by then (the
-    commands write through `with` blocks); only the console script and `python -m` use it.
-
-    A profiler or coverage tracer writes its data during that teardown, so under one the
-    process exits the ordinary way."""
-    if _observed():
-        sys.exit(code)
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 configure()

@@ -406,7 +406,7 @@ def check_options(o: FlatTokensOptions) -> None:
         raise OptionError(f"--validation_fraction {o.validation_fraction} cannot be combined with "
                           f"--validation_input (then all of --input is train); give only one of them")
     if not 0 <= o.seed < MAX_SEED:
-        # The seeds a trainer's reader (pipeline.reader: numpy's SeedSequence) takes too.
+        # The seeds a trainer's reader (flat_tokens.reader: numpy's SeedSequence) takes too.
         raise OptionError(f"--seed {o.seed}: must be in [0, 2**64)")
     if not 0 <= o.tokenizer_check_fraction <= 1:
         raise OptionError(f"--tokenizer_check_fraction {o.tokenizer_check_fraction}: must be in [0, 1]")

@@ -11,7 +11,7 @@ import gc
 import os
 import sys
 
-from pipeline import allocator
+from pipeline.local import allocator
 
 
 def head_start(argv: list[str]) -> None:

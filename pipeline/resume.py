@@ -35,8 +35,8 @@ from transforms.read.inputs import UNIT_DIGESTS, InputChanged, digest_of
 from transforms.read.staged_reads import unit_start
 from transforms.staging import StagingArea, Staged
 from transforms.write import zarr_store
-from transforms.checksums import Damaged, Sum, damaged_objects
-from transforms.write.object_trees import gcs_entries, is_gcs
+from flat_tokens.format.checksums import Damaged, Sum, damaged_objects
+from flat_tokens.format.object_trees import gcs_entries, is_gcs
 from transforms.write.ownership import CONFLICT_PREFIX
 from transforms.write.zarr_store import array_length, filesystem
 
@@ -395,7 +395,7 @@ def input_verdicts(area: StagingArea, staged: list, by_key: dict, storage_option
     A unit's key names its file by size and modification time (or generation): a file edited
     in place with both restored keeps its key, so the bytes each unit was read from (their
     spans and digest, in its account: inputs.StoredBytes) are read again here. UNKNOWN: its
-    account cannot say (damaged: transforms/checksums.py, or staged without them). Reading is
+    account cannot say (damaged: flat_tokens/format/checksums.py, or staged without them). Reading is
     cheap next to tokenizing (benchmarks/bench_unit_check.py measures it)."""
     def verdict(item) -> str:
         key, name = item[0], item[1]

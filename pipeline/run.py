@@ -2,7 +2,7 @@
 
 Exit codes: 0 the dataset was written and committed (on Dataflow: the job was submitted;
 it commits the dataset when it succeeds); 1 the pipeline failed (the output is left
-uncommitted, and `pipeline.verify` rejects it); 2 a usage or configuration error, found
+uncommitted, and `flat_tokens.tools.verify` rejects it); 2 a usage or configuration error, found
 before any data was read; 143 / 130 stopped by SIGTERM / SIGINT (its temporary files
 removed).
 """
@@ -28,23 +28,24 @@ import apache_beam as beam  # noqa: E402
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions, PortableOptions, StandardOptions
 from fsspec.core import url_to_fs
 
-from pipeline import VERSION, allocator, cloud, parallelism, resume, scratch, worker_guard
+from pipeline import VERSION, cloud, resume
+from pipeline.local import allocator, parallelism, scratch, worker_guard
 from pipeline.graph import build_pipeline
-from pipeline.environment import worker_environment, workers_see_launcher_disk
+from pipeline.local.environment import worker_environment, workers_see_launcher_disk
 from pipeline.plan import plan_job
-from pipeline.write_memory import check_write_memory
+from pipeline.local.write_memory import check_write_memory
 from pipeline.options import (FlatTokensOptions, OptionError, ViewsMadeOnce, check_options, help_text,
                               option_value_error, unknown_option_message, unknown_options)
-from transforms import storage_faults
+from flat_tokens.format import storage_faults
 from transforms.write import zarr_store
-from transforms.write.object_trees import tree_size
+from flat_tokens.format.object_trees import tree_size
 from transforms.read.inputs import InputError
-from transforms.read.mixture import source_table
+from flat_tokens.format.mixture_table import source_table
 from transforms.write import rejected
 from transforms.write.ownership import DATASET_ENTRIES, OWN_PREFIX, contains, location, refuse_overlaps
 from transforms.progress import ProgressLogger
-from transforms.tokenize.report_files import ReportPathError, check_report_writable
-from transforms.tokenize.index_files import MissingIndex
+from flat_tokens.format.report_files import ReportPathError, check_report_writable
+from flat_tokens.format.index_files import MissingIndex
 from transforms.tokenize.tokenizer import TokenizerError
 
 USAGE_ERROR = 2
@@ -69,7 +70,7 @@ def in_process_runner(options: PipelineOptions, report_dir: str | None = None):
     from apache_beam.runners.portability.fn_api_runner import fn_runner
     from apache_beam.runners.portability.portable_runner import JobServiceHandle
 
-    from pipeline import forked_workers, worker
+    from pipeline.local import forked_workers, worker
 
     class FnApiRunner(fn_runner.FnApiRunner):
         def run_via_runner_api(self, pipeline_proto, options):
@@ -84,7 +85,7 @@ def in_process_runner(options: PipelineOptions, report_dir: str | None = None):
             return super().run_via_runner_api(pipeline_proto, options)
 
     encoded = JobServiceHandle.encode_pipeline_options(options.get_all_options())
-    # --environment_type: workers started elsewhere, by a command (pipeline/environment.py)
+    # --environment_type: workers started elsewhere, by a command (pipeline/local/environment.py)
     return FnApiRunner(default_environment=worker_environment(options, report_dir),
                        provision_info=fn_runner.ExtendedProvisionInfo(
                            beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded)))
@@ -144,7 +145,7 @@ def summarize(output: str, wall_seconds: float, storage_options: dict | None = N
               used: parallelism.Parallelism | None = None) -> dict:
     """The end-of-run summary, from the committed dataset's own attributes; `reused`: the
     run's Resume (pipeline/resume.py), for how much of an earlier attempt it reused; `used`:
-    the parallelism the run had (pipeline/parallelism.py)."""
+    the parallelism the run had (pipeline/local/parallelism.py)."""
     attrs = zarr_store.read_root_attributes(output, storage_options)
     stats = attrs["stats"]
     tokens = sum(stats[s]["tokens"] for s in ("train", "validation"))
@@ -523,10 +524,10 @@ def _report(ft, plan, wall_seconds: float, used: parallelism.Parallelism | None 
 
 
 def write_report(ft, summary: dict, storage_options: dict | None, dedup_report: str | None = None) -> None:
-    """--report: the dataset's HTML page (pipeline/report.py), with this run's summary for its
+    """--report: the dataset's HTML page (flat_tokens/tools/report.py), with this run's summary for its
     build time and this run's --dedup_report (its pairs and cluster sizes). The dataset is
     committed: a report that cannot be written is a warning."""
-    from pipeline.report import make_report
+    from flat_tokens.tools.report import make_report
     options = [f"--storage_option={k}={json.dumps(v)}" for k, v in (storage_options or {}).items()]
     if dedup_report:
         options.append(f"--dedup_report={dedup_report}")

@@ -4,7 +4,7 @@ import resource
 
 import pytest
 
-from pipeline.reader import open_dataset
+from flat_tokens.reader import open_dataset
 from tests.helpers import SAMPLE, run_pipeline, train_byte_level_bpe, write_jsonl
 
 

@@ -66,7 +66,7 @@ class GcsEmulator:
     def env(self) -> dict:
         """Environment for a pipeline subprocess: only what a user sets. gcsfs finds the
         emulator by itself; the pipeline makes it skip its gRPC (zonal/HNS bucket) probe and
-        connect anonymously (transforms.gcs.use_gcs_emulator_plainly)."""
+        connect anonymously (flat_tokens.format.gcs.use_gcs_emulator_plainly)."""
         return {"STORAGE_EMULATOR_HOST": self.url}
 
 

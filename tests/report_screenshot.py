@@ -40,7 +40,7 @@ def main(argv=None) -> int:
         subprocess.run([sys.executable, "-m", "pipeline.run", "--mixture", "mix.yaml", "--dedup", "near",
                         "--tokenizer", "tokenizer.json", "--output", "sample.zarr", "--quiet",
                         "--summary_json", "summary.json"], check=True, env=env, cwd=tmp)
-        subprocess.run([sys.executable, "-m", "pipeline.report", "sample.zarr", "--html", str(html),
+        subprocess.run([sys.executable, "-m", "flat_tokens.tools.report", "sample.zarr", "--html", str(html),
                         "--summary", "summary.json", "--window", "512"], check=True, env=env, cwd=tmp)
         with chromium.Chromium() as browser:
             page = browser.open(html.as_uri(), width=WIDTH, height=args.height)

@@ -1,4 +1,4 @@
-"""pipeline.allocator: freed buffers are reused instead of being faulted in afresh."""
+"""pipeline.local.allocator: freed buffers are reused instead of being faulted in afresh."""
 import json
 import os
 import subprocess
@@ -12,7 +12,7 @@ from tests.helpers import REPO
 # allocation: a fresh mmap() faults in all 16,384 of its 4 KiB pages, reused heap none.
 PROBE = """
 import json, resource, sys
-from pipeline import allocator
+from pipeline.local import allocator
 tuned = allocator.keep_freed_memory_for_reuse() if sys.argv[1] == "tuned" else None
 def faults_of_one_buffer():
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -48,7 +48,7 @@ def test_settings_the_user_made_are_left_alone():
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc is what is tuned")
 def test_processes_started_after_tuning_reuse_freed_buffers_too():
     """multi_processing workers are started by the tuned process: they must behave the same."""
-    code = ("import subprocess, sys; from pipeline import allocator; allocator.keep_freed_memory_for_reuse(); "
+    code = ("import subprocess, sys; from pipeline.local import allocator; allocator.keep_freed_memory_for_reuse(); "
             "sys.stdout.write(subprocess.run([sys.executable, '-c', sys.argv[1], 'untuned'], "
             "capture_output=True, text=True, check=True).stdout)")
     child = json.loads(subprocess.run([sys.executable, "-c", code, PROBE], cwd=REPO, capture_output=True,

@@ -10,7 +10,7 @@ import pytest
 import zarr
 import zstandard
 
-from pipeline import verify
+from flat_tokens.tools import verify
 from tests.helpers import SAMPLE, check_flat_tokens, run_pipeline, write_jsonl
 
 # (raw line bytes, reason) for every rejected case the pipeline must handle.

@@ -1,4 +1,4 @@
-"""Train-time blending (pipeline.blend) of splits of two datasets written by the real pipeline."""
+"""Train-time blending (flat_tokens.blend) of splits of two datasets written by the real pipeline."""
 import pickle
 import shutil
 
@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import zarr
 
-from pipeline.blend import Blend, source_seed
-from pipeline.reader import Batch, open_dataset
+from flat_tokens.blend import Blend, source_seed
+from flat_tokens.reader import Batch, open_dataset
 from tests.helpers import SAMPLE, run_pipeline
 
 LENGTH = 256

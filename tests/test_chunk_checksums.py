@@ -18,9 +18,9 @@ import pytest
 import zarr
 import zstandard
 
-from pipeline import verify
-from pipeline.read_guard import CorruptChunk, DatasetError
-from pipeline.reader import FlatTokensSplit
+from flat_tokens.tools import verify
+from flat_tokens.read_guard import CorruptChunk, DatasetError
+from flat_tokens.reader import FlatTokensSplit
 from tests.gcs_emulator import BUCKET, gcs  # noqa: F401 - pytest fixture
 from tests.helpers import REPO, SAMPLE, run_pipeline
 
@@ -218,7 +218,7 @@ def test_a_dataset_written_before_checksums_is_read_and_verify_says_it_carries_n
     strip_checksums(dataset)
     assert all(np.array_equal(a, b) for a, b in zip(everything(dataset), expected))
     assert FlatTokensSplit(str(dataset)).chunk_checksums is None
-    proc = subprocess.run([sys.executable, "-m", "pipeline.verify", str(dataset)], cwd=REPO, capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "flat_tokens.tools.verify", str(dataset)], cwd=REPO, capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout.startswith("OK: "), proc.stdout + proc.stderr
     assert "carry no checksums" in proc.stderr
@@ -242,7 +242,7 @@ def test_a_truncated_chunk_is_named_with_its_dataset(dataset, checksums):
 @pytest.mark.slow
 def test_inspect_and_export_name_a_damaged_chunk(dataset, tmp_path):
     flipped(dataset / "train" / "seq_starts" / "0", 40)
-    inspect = subprocess.run([sys.executable, "-m", "pipeline.inspect", str(dataset)], cwd=REPO,
+    inspect = subprocess.run([sys.executable, "-m", "flat_tokens.tools.inspect", str(dataset)], cwd=REPO,
                              capture_output=True, text=True, timeout=300)
     assert inspect.returncode == 2 and "chunk train/seq_starts/0 is damaged" in inspect.stderr, inspect.stderr
     export = subprocess.run([sys.executable, "-m", "pipeline.export", "--format", "megatron", str(dataset),
@@ -252,7 +252,7 @@ def test_inspect_and_export_name_a_damaged_chunk(dataset, tmp_path):
 
 GS_READER = """
 import sys
-from pipeline.reader import CorruptChunk, FlatTokensSplit
+from flat_tokens.reader import CorruptChunk, FlatTokensSplit
 train = FlatTokensSplit(sys.argv[1])
 assert train.packed(1, int(sys.argv[2])).size == int(sys.argv[2])
 try:
@@ -273,7 +273,7 @@ def test_gs_a_flipped_bit_is_found_by_verify_and_the_reader(gcs, tmp_path):
     data[len(data) // 2] ^= 8
     gcs.fs.pipe_file(key, bytes(data))
     env = {**os.environ, **gcs.env}
-    proc = subprocess.run([sys.executable, "-m", "pipeline.verify", url], cwd=REPO, env=env, capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "flat_tokens.tools.verify", url], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 1 and "chunk train/encoded_tokens/2 is damaged" in proc.stdout, proc.stdout + proc.stderr
     proc = subprocess.run([sys.executable, "-c", GS_READER, url, str(CHUNK)], cwd=REPO, env=env, capture_output=True,

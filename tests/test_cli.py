@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import zarr
 
-from pipeline import verify
+from flat_tokens.tools import verify
 from tests.helpers import REPO, SAMPLE, check_flat_tokens, refused, run_pipeline, stats, write_jsonl
 from tests.paced_backends import HOLD_MARKER, RELEASE_FILE_ENV
 from tests.test_parquet import sequences
@@ -111,7 +111,7 @@ def test_a_closed_stdout_ends_every_command_quietly_like_a_unix_tool(tmp_path, c
                                           "--tokenizer", "bytes", "--quiet", "--summary_json", summary)
     assert (code, stderr) == (141, ""), stderr  # 128 + SIGPIPE, no BrokenPipeError traceback
     assert verify.verify_dataset(str(out)) == [] and json.loads(summary.read_text())["tokens"] > 0
-    for args in (["-m", "pipeline.verify", out], ["-m", "pipeline.inspect", out], ["-m", "pipeline.cli", "verify", out],
+    for args in (["-m", "flat_tokens.tools.verify", out], ["-m", "flat_tokens.tools.inspect", out], ["-m", "pipeline.cli", "verify", out],
                  ["-m", "pipeline.cli", "inspect", out, "--json"], ["-m", "pipeline.cli", "--help"]):
         code, stderr = run_with_stdout_closed(*map(str, args))
         assert (code, stderr) == (141, ""), (args, stderr)
@@ -295,7 +295,7 @@ def test_a_seed_the_reader_would_refuse_is_refused(tmp_path):
     for seed in ("-1", str(1 << 64)):
         assert f"--seed {seed}: must be in [0, 2**64)" in refused(run_pipeline(*common, "--seed", seed, check=False))
     run_pipeline(*common, "--seed", str((1 << 64) - 1))
-    from pipeline.reader import open_dataset
+    from flat_tokens.reader import open_dataset
     train = open_dataset(str(tmp_path / "o.zarr"))["train"]
     next(iter(train.packed_batches(16, 2, seed=zarr.open_group(str(tmp_path / "o.zarr"), mode="r").attrs["seed"])))
 

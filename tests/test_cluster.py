@@ -51,7 +51,7 @@ def isolated_worker_command(python: str = sys.executable, evidence: str = "") ->
     if under_tmp:
         steps += [f"mkdir -p {shlex.quote(repo)}",
                   f"mount --no-canonicalize --bind /proc/self/cwd {shlex.quote(repo)}"]
-    inner = " && ".join(steps + [f"exec {shlex.quote(python)} -m pipeline.worker"])
+    inner = " && ".join(steps + [f"exec {shlex.quote(python)} -m pipeline.local.worker"])
     return f"unshare --mount --propagation private sh -c {shlex.quote(inner)}"
 
 
@@ -140,7 +140,7 @@ def test_workers_that_share_no_disk_write_the_same_bytes(gcs, cluster_inputs, de
 
 
 def run_verify(gcs, url: str):
-    return subprocess.run([sys.executable, "-m", "pipeline.verify", url], cwd=REPO, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "flat_tokens.tools.verify", url], cwd=REPO, capture_output=True,
                           text=True, timeout=120, env={**os.environ, **gcs.env})
 
 
@@ -167,8 +167,8 @@ def test_workers_that_cannot_start_fail_the_run_with_their_own_message(tmp_path,
     wait forever for workers that had died. The run fails (exit 1) with the worker's message;
     one dead worker of two is enough, since the runner would wait for its answers."""
     lock = tmp_path / "first-worker-started"
-    bad = "exec /nonexistent/python -m pipeline.worker"
-    good = f"exec {shlex.quote(sys.executable)} -m pipeline.worker"
+    bad = "exec /nonexistent/python -m pipeline.local.worker"
+    good = f"exec {shlex.quote(sys.executable)} -m pipeline.local.worker"
     inner = bad if which == "every worker" else f"if mkdir {shlex.quote(str(lock))} 2>/dev/null; then {good}; else {bad}; fi"
     proc = run_pipeline("--input", REPO / "pipeline" / "sample" / "corpus-1.jsonl", "--tokenizer", "bytes",
                         "--output", tmp_path / "out.zarr", "--direct_num_workers=2",

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline import verify
+from flat_tokens.tools import verify
 from tests.gcs_emulator import BUCKET, gcs  # noqa: F401 - pytest fixture
 from tests.helpers import REPO, run_pipeline
 from tests.test_resume import (area, corpus, dataset_digest, gs_dataset_digest, job_args, kill_when,

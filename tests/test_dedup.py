@@ -15,7 +15,7 @@ import pytest
 import zarr
 from tokenizers import Tokenizer
 
-from pipeline import verify
+from flat_tokens.tools import verify
 from tests.gcs_emulator import BUCKET, gcs  # noqa: F401 (a fixture)
 from tests.helpers import REPO, SAMPLE, check_flat_tokens, run_pipeline, write_jsonl
 
@@ -148,8 +148,8 @@ def test_the_dedup_report_in_parquet_lists_every_removed_copy_and_inspect_shows_
     """--dedup exact with a .parquet report, on two worker processes: one row per removed copy,
     naming its place and its kept copy's (the same text); inspect --duplicates shows them."""
     import pyarrow.parquet as pq
-    from pipeline.inspect import main as inspect
-    from transforms.tokenize.report_files import document_at
+    from flat_tokens.tools.inspect import main as inspect
+    from flat_tokens.format.report_files import document_at
     texts = [t for t in sample_texts() if t][:200]
     write_jsonl(tmp_path / "a.jsonl", texts)
     write_jsonl(tmp_path / "b.jsonl", texts[:50] + texts[:10])
@@ -234,7 +234,7 @@ def test_a_gs_run_writes_every_removed_row_to_a_gs_report_and_inspect_reads_it(g
     assert {r["match"] for r in rows} == {"exact", "near"}
     assert all(text_at(r["kept_file"], r["kept_offset"]) in written for r in rows)
 
-    proc = subprocess.run([sys.executable, "-m", "pipeline.inspect", f"{gs}/out.zarr", "--duplicates", "50",
+    proc = subprocess.run([sys.executable, "-m", "flat_tokens.tools.inspect", f"{gs}/out.zarr", "--duplicates", "50",
                            "--max_chars", "100000", "--json"], cwd=REPO, capture_output=True, text=True, timeout=120,
                           env={**os.environ, **gcs.env})
     assert proc.returncode == 0, proc.stderr

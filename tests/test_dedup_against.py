@@ -15,12 +15,12 @@ import pytest
 import zarr
 from tokenizers import Tokenizer
 
-from pipeline import verify
+from flat_tokens.tools import verify
 from tests.helpers import SAMPLE, refused, run_pipeline, stats, write_jsonl
 from tests.test_resume import corpus, dataset_digest, job_args, kill_when, resume, shards_recorded
-from transforms.checksums import Damaged
-from transforms.tokenize.index_files import BYTES_PER_DOCUMENT, INDEX_DIRECTORY, decode_index, encode_index
-from transforms.tokenize.report_files import document_at, read_report
+from flat_tokens.format.checksums import Damaged
+from flat_tokens.format.index_files import BYTES_PER_DOCUMENT, INDEX_DIRECTORY, decode_index, encode_index
+from flat_tokens.format.report_files import document_at, read_report
 
 MULTI = ["--direct_num_workers=2", "--direct_running_mode=multi_processing"]
 

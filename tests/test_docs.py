@@ -7,8 +7,8 @@ import apache_beam as beam
 import numpy as np
 import zarr
 
-from pipeline import verify
-from pipeline.reader import FlatTokensSplit
+from flat_tokens.tools import verify
+from flat_tokens.reader import FlatTokensSplit
 from tests.helpers import REPO
 from transforms.records import ShardSize, SortedShard
 from transforms.write import CreateOutput, LayOutShards, WriteFlatTokens
@@ -73,7 +73,7 @@ def test_the_pages_that_messages_cite_hold_what_they_cite():
     """A message that sends the user to "docs/PAGE.md, 'Section'" names a page that exists and
     a phrase that is in it; none sends them to a README section (the README keeps no details)."""
     cited = 0
-    for source in [*REPO.glob("pipeline/**/*.py"), *REPO.glob("transforms/**/*.py")]:
+    for source in [*REPO.glob("pipeline/**/*.py"), *REPO.glob("transforms/**/*.py"), *REPO.glob("flat_tokens/**/*.py")]:
         text = source.read_text(encoding="utf-8")
         assert not re.search(r"README[:,] ['\"]", text), f"{source.relative_to(REPO)} cites a README section"
         for page, phrase in re.findall(r"(docs/[\w.-]+\.md), (?:\"\s*\"\s*)?'([^']+)'", text):

@@ -11,7 +11,7 @@ import zarr
 from tests.gcs_emulator import BUCKET, gcs  # noqa: F401 - pytest fixture
 from tests.helpers import refused, run_pipeline, stats, write_jsonl
 from transforms import staging
-from transforms.own_names import is_own_name
+from flat_tokens.format.own_names import is_own_name
 from transforms.write import ownership
 
 BYTES = ["--tokenizer", "bytes"]

@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from pipeline import scratch, verify
+from pipeline.local import scratch
+from flat_tokens.tools import verify
 from tests.helpers import REPO, run_pipeline, write_jsonl
 
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-from pipeline.reader import open_dataset
+from flat_tokens.reader import open_dataset
 from tests.helpers import REPO, run_pipeline, write_jsonl
 
 MULTI = ["--direct_num_workers=2", "--direct_running_mode=multi_processing"]

@@ -16,8 +16,8 @@ import uuid
 import fsspec
 import pytest
 
-from pipeline import verify
-from pipeline.reader import DatasetError, open_dataset
+from flat_tokens.tools import verify
+from flat_tokens.reader import DatasetError, open_dataset
 from tests.gcs_emulator import BUCKET, gcs  # noqa: F401 - pytest fixture
 from tests.helpers import REPO, run_pipeline, write_jsonl
 from tests.test_output_safety import CHUNKS, digest, small_job, write_all

@@ -1,7 +1,7 @@
 """gs:// end to end against a real GCS emulator (fake-gcs-server): inputs by glob (one of them
 gzipped), the tokenizer, the output and the rejected-lines report all on gs://, on the
 in-process DirectRunner, on two worker processes and on four SDK harness threads of one
-process; the result must equal a local run of the same input, pass `pipeline.verify`, and
+process; the result must equal a local run of the same input, pass `flat_tokens.tools.verify`, and
 exit without interpreter-exit noise."""
 import json
 import os
@@ -94,7 +94,7 @@ def test_worker_threads_of_one_process_read_and_write_gs(gcs, local_run, tmp_pat
 
 
 def test_verify_reads_gs_through_the_emulator(gcs, gs_direct):
-    proc = subprocess.run([sys.executable, "-m", "pipeline.verify", f"{GS}/out.zarr"], cwd=REPO,
+    proc = subprocess.run([sys.executable, "-m", "flat_tokens.tools.verify", f"{GS}/out.zarr"], cwd=REPO,
                           capture_output=True, text=True, timeout=60, env={**os.environ, **gcs.env})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.splitlines()[-1].startswith("OK: train ")
@@ -151,6 +151,6 @@ def test_only_storage_emulator_host_is_needed_and_the_run_is_quiet(gcs, gcs_corp
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert [line for line in proc.stderr.splitlines() if not line.startswith("progress: ")] == [], proc.stderr[-3000:]
     check_flat_tokens(fetch(gcs, "out-plain.zarr", tmp_path / "out.zarr"), "--compare", local_run)
-    proc = subprocess.run([sys.executable, "-m", "pipeline.verify", f"{GS}/out-plain.zarr"], cwd=REPO,
+    proc = subprocess.run([sys.executable, "-m", "flat_tokens.tools.verify", f"{GS}/out-plain.zarr"], cwd=REPO,
                           capture_output=True, text=True, timeout=60, env=user_env(gcs))
     assert (proc.returncode, proc.stderr) == (0, ""), proc.stderr[-3000:]

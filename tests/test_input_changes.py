@@ -11,7 +11,7 @@ import pytest
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline import verify
+from flat_tokens.tools import verify
 from tests import changing_inputs
 from tests.gcs_emulator import BUCKET, gcs  # noqa: F401 - pytest fixture
 from tests.helpers import SAMPLE, run_pipeline, write_jsonl

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from pipeline import verify
+from flat_tokens.tools import verify
 from tests.gcs_emulator import BUCKET, gcs  # noqa: F401 - pytest fixture
 from tests.helpers import REPO, refused, run_pipeline, stats, write_jsonl
 from tests.test_parquet import sequences, write_parquet

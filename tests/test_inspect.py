@@ -1,4 +1,4 @@
-"""`python -m pipeline.inspect` on datasets written by the real pipeline."""
+"""`python -m flat_tokens.tools.inspect` on datasets written by the real pipeline."""
 import json
 import re
 import shutil
@@ -13,10 +13,10 @@ import zarr
 
 import pipeline
 from pipeline import cli
-from pipeline.inspect import main
+from flat_tokens.tools.inspect import main
 from tests.helpers import REPO, run_pipeline
 from tests.test_reader import EXAMPLE, input_texts, raw_sequences, write_dataset
-from transforms.write import manifest
+from flat_tokens.format import manifest
 
 
 @pytest.fixture(scope="module")
@@ -216,7 +216,7 @@ def test_console_script_dispatch(capsys, tmp_path):
 
 def test_uncommitted_dataset_exits_2(run, tmp_path):
     url = write_dataset(str(tmp_path / "half.zarr"), {"train": EXAMPLE, "validation": []}, commit=False)
-    proc = subprocess.run([sys.executable, "-m", "pipeline.inspect", url], cwd=REPO,
+    proc = subprocess.run([sys.executable, "-m", "flat_tokens.tools.inspect", url], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stdout == ""
     assert len(proc.stderr.strip().splitlines()) == 1 and "unfinished" in proc.stderr

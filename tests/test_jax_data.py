@@ -1,4 +1,4 @@
-"""pipeline.jax_data with real jax (only where jax is installed: the package does not depend on
+"""flat_tokens.jax_data with real jax (only where jax is installed: the package does not depend on
 it), on four CPU devices: global batches as jax.Arrays whose rows are split over the devices,
 equal to packed_batches' batches, and resumed by start_step."""
 import json
@@ -11,15 +11,15 @@ import pytest
 
 pytest.importorskip("jax")
 
-from pipeline.reader import open_dataset  # noqa: E402
+from flat_tokens.reader import open_dataset  # noqa: E402
 from tests.helpers import REPO, run_pipeline  # noqa: E402
 
 
 PROGRAM = """
 import json, sys
 import jax
-from pipeline.jax_data import device_batches
-from pipeline.reader import FlatTokensSplit
+from flat_tokens.jax_data import device_batches
+from flat_tokens.reader import FlatTokensSplit
 train = FlatTokensSplit(sys.argv[1])
 batches = device_batches(train, 128, 8, seed=3, start_step=int(sys.argv[2]), segments=True,
                          block_tokens=512, buffer_blocks=3)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import zarr
 
-from pipeline import verify
+from flat_tokens.tools import verify
 from tests.helpers import check_flat_tokens, refused, run_pipeline, stats, write_jsonl
 from transforms.records import DistinctBatch, TokenizedBatch
 from transforms.tokenize.lengths import TRUNCATE, LengthLimits, limit_lengths

@@ -1,4 +1,4 @@
-"""pipeline.loaders, torch- and jax-free: the stream a data loader's workers split by step
+"""flat_tokens.loaders, torch- and jax-free: the stream a data loader's workers split by step
 (interleaved worker by worker, they are the host's stream), its state for resuming, and the
 map-style source of sequences; on a dataset written by the real pipeline."""
 import pickle
@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.blend import Blend
-from pipeline.loaders import PackedBatchStream, SequenceSource
-from pipeline.reader import DatasetError, FlatTokensSplit
+from flat_tokens.blend import Blend
+from flat_tokens.loaders import PackedBatchStream, SequenceSource
+from flat_tokens.reader import DatasetError, FlatTokensSplit
 from tests.helpers import CountingReads, run_pipeline
 
 LENGTH = 128

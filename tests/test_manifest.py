@@ -15,10 +15,10 @@ import google_crc32c
 import numpy as np
 import pytest
 
-from pipeline import verify
-from pipeline.blend import Blend
-from pipeline.read_guard import CorruptChunk, DatasetError
-from pipeline.reader import FlatTokensSplit
+from flat_tokens.tools import verify
+from flat_tokens.blend import Blend
+from flat_tokens.read_guard import CorruptChunk, DatasetError
+from flat_tokens.reader import FlatTokensSplit
 from tests.gcs_emulator import BUCKET, gcs  # noqa: F401 - pytest fixture
 from tests.helpers import REPO, remove_manifest, run_pipeline, write_jsonl
 
@@ -173,7 +173,7 @@ def test_a_dataset_from_before_manifests_reads_as_before_and_verify_says_so(data
     edit_root(dataset, lambda attrs: attrs.pop("manifest"))
     (dataset / "flat-tokens-manifest.json").unlink()
     assert all(np.array_equal(x, y) for x, y in zip(serve_all(dataset), expected))
-    proc = subprocess.run([sys.executable, "-m", "pipeline.verify", str(dataset)], cwd=REPO, capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "flat_tokens.tools.verify", str(dataset)], cwd=REPO, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0 and "has no manifest" in proc.stderr, proc.stdout + proc.stderr
 
@@ -188,7 +188,7 @@ def test_a_split_copied_from_another_build_is_refused_by_reader_inspect_and_expo
     with pytest.raises(DatasetError, match="validation/"):
         serve_all(dataset, "validation")
     assert any("validation/" in p and "manifest" in p for p in verify_problems(dataset))
-    inspect = subprocess.run([sys.executable, "-m", "pipeline.inspect", str(dataset)], cwd=REPO,
+    inspect = subprocess.run([sys.executable, "-m", "flat_tokens.tools.inspect", str(dataset)], cwd=REPO,
                              capture_output=True, text=True, timeout=300)
     assert inspect.returncode != 0 and "validation/" in inspect.stderr, inspect.stdout + inspect.stderr
     export = subprocess.run([sys.executable, "-m", "pipeline.export", "--format", "megatron", str(dataset),
@@ -252,7 +252,7 @@ def test_a_chunk_that_is_not_a_regular_file_is_refused_without_reading_it(datase
         os.symlink("/dev/zero", path)
     with pytest.raises(CorruptChunk, match="chunk train/encoded_tokens/2 is not a regular file"):
         serve_all(dataset)
-    proc = subprocess.run([sys.executable, "-m", "pipeline.verify", str(dataset)], cwd=REPO, capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "flat_tokens.tools.verify", str(dataset)], cwd=REPO, capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 1 and "chunk train/encoded_tokens/2 is not a regular file" in proc.stdout, \
         proc.stdout + proc.stderr
@@ -267,7 +267,7 @@ def test_a_forged_huge_shape_is_refused_before_anything_is_sized_by_it(dataset, 
     meta_path.write_text(json.dumps({**meta, "shape": [2 ** 34], "chunks": [4]}))
     # A limit on the address space: the old verify grew to 23 GB here.
     limit = "import resource; resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30)); "
-    code = limit + "import sys; from pipeline.verify import main; sys.exit(main(sys.argv[1:]))"
+    code = limit + "import sys; from flat_tokens.tools.verify import main; sys.exit(main(sys.argv[1:]))"
     proc = subprocess.run([sys.executable, "-c", code, str(dataset)], cwd=REPO, capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 1 and "encoded_tokens" in proc.stdout and "Traceback" not in proc.stderr, \
@@ -286,7 +286,7 @@ def test_a_codec_or_dtype_this_format_does_not_use_is_refused_naming_the_field(d
     meta_path.write_text(json.dumps(meta))
     with pytest.raises(DatasetError, match=f"train/encoded_tokens/.zarray.*{field}"):
         serve_all(dataset)
-    proc = subprocess.run([sys.executable, "-m", "pipeline.verify", str(dataset)], cwd=REPO, capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "flat_tokens.tools.verify", str(dataset)], cwd=REPO, capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 2 and field in proc.stderr and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
 
@@ -297,7 +297,7 @@ def test_a_codec_or_dtype_this_format_does_not_use_is_refused_naming_the_field(d
 
 GS_READ = """
 import sys
-from pipeline.reader import DatasetError, FlatTokensSplit
+from flat_tokens.reader import DatasetError, FlatTokensSplit
 try:
     for split in ("train", "validation"):
         list(FlatTokensSplit(sys.argv[1], split).iter_encoded())
@@ -317,7 +317,7 @@ def test_gs_swaps_foreign_chunks_downgrades_and_split_copies_are_refused(gcs, tm
     env = {**os.environ, **gcs.env}
 
     def refused(expect: str):
-        for code in (["-c", GS_READ, url], ["-m", "pipeline.verify", url]):
+        for code in (["-c", GS_READ, url], ["-m", "flat_tokens.tools.verify", url]):
             proc = subprocess.run([sys.executable, *code], cwd=REPO, env=env, capture_output=True, text=True,
                                   timeout=300)
             assert expect in proc.stdout, (code, proc.stdout + proc.stderr)
@@ -351,6 +351,6 @@ def test_gs_zarr3_sharded_an_emptied_index_entry_is_refused(gcs, tmp_path):
     empty_index_entry(local, 2)
     gcs.fs.pipe_file(key, local.read_bytes())
     env = {**os.environ, **gcs.env}
-    for code in (["-c", GS_READ, url], ["-m", "pipeline.verify", url]):
+    for code in (["-c", GS_READ, url], ["-m", "flat_tokens.tools.verify", url]):
         proc = subprocess.run([sys.executable, *code], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
         assert "chunk train/encoded_tokens/c/1 does not match the manifest" in proc.stdout, proc.stdout + proc.stderr

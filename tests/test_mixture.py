@@ -12,7 +12,7 @@ import pytest
 import zarr
 from tokenizers import Tokenizer
 
-from pipeline import verify
+from flat_tokens.tools import verify
 from tests.helpers import SAMPLE, check_flat_tokens, run_pipeline, write_jsonl
 from transforms.read.mixture import MixtureError, load_mixture
 
@@ -136,7 +136,7 @@ def test_inspect_shows_the_shares_per_source(mixed):
     import sys
 
     from tests.helpers import REPO
-    proc = subprocess.run([sys.executable, "-m", "pipeline.inspect", str(mixed[0]), "--sequences", "0"], cwd=REPO,
+    proc = subprocess.run([sys.executable, "-m", "flat_tokens.tools.inspect", str(mixed[0]), "--sequences", "0"], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     header = next(line for line in proc.stdout.splitlines() if "train share" in line)

@@ -184,7 +184,7 @@ def test_near_copies_are_found_as_brute_force_jaccard_says(planted):
 def test_the_report_lists_exactly_the_removed_documents(planted):
     """One row per removed copy (exact and near), each naming where it was read and a kept
     text that is in the output; the rows add up to the stats; near rows at Jaccard >= 0.7."""
-    from transforms.tokenize.report_files import document_at, read_report
+    from flat_tokens.format.report_files import document_at, read_report
     root, corpus, _, out = planted
     attrs = zarr.open_group(str(out), mode="r").attrs
     rows = read_report(str(root / "report"), attrs["run_id"])
@@ -209,7 +209,7 @@ def test_the_report_lists_exactly_the_removed_documents(planted):
 @pytest.mark.slow
 def test_the_output_is_the_same_on_two_worker_processes_and_other_shards(planted):
     """And the dedup report holds the same rows (in 5 files instead of 1)."""
-    from transforms.tokenize.report_files import read_report
+    from flat_tokens.format.report_files import read_report
     root, _, args, out = planted
     other = root / "multi.zarr"
     run_pipeline(*args, "--output", other, "--num_shards", "5", "--batch_documents", "100", *MULTI,

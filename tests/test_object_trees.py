@@ -1,4 +1,4 @@
-"""Deleting and sizing a dataset's tree of objects page by page (transforms/write/object_trees.py),
+"""Deleting and sizing a dataset's tree of objects page by page (flat_tokens/format/object_trees.py),
 on the GCS emulator and on local disk: everything under the directory goes, nothing beside
 it, across several listing pages."""
 import os
@@ -7,7 +7,7 @@ import pytest
 from fsspec.implementations.local import LocalFileSystem
 
 from tests.gcs_emulator import BUCKET, gcs  # noqa: F401 - pytest fixture
-from transforms.write.object_trees import remove_tree, tree_size
+from flat_tokens.format.object_trees import remove_tree, tree_size
 
 KEYS = [f"train/encoded_tokens/{i}" for i in range(23)] + ["train/.zattrs", "train/seq_starts/0", "train/seq_starts/.zarray"]
 BESIDE = ["train2/encoded_tokens/0", "train.json", ".zattrs", "validation/seq_starts/0"]

@@ -27,7 +27,7 @@ import pytest
 import zarr
 import zstandard
 
-from pipeline import verify
+from flat_tokens.tools import verify
 from tests.gcs_emulator import BUCKET, gcs, gcs_corpus  # noqa: F401 - pytest fixtures
 from tests.helpers import REPO, check_flat_tokens, run_pipeline, write_jsonl
 from transforms import processes
@@ -618,7 +618,7 @@ class Place:
 
     def verify(self) -> list[str]:
         """`flat-tokens verify` of the output, as a user runs it: the problems it prints."""
-        proc = subprocess.run([sys.executable, "-m", "pipeline.verify", self.url("out.zarr")], cwd=REPO,
+        proc = subprocess.run([sys.executable, "-m", "flat_tokens.tools.verify", self.url("out.zarr")], cwd=REPO,
                               capture_output=True, text=True, timeout=120, env={**os.environ, **self.env})
         assert proc.returncode in (0, 1), proc.stderr
         return proc.stdout.splitlines()[:-1]

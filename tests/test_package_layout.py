@@ -100,8 +100,8 @@ def test_each_stage_names_its_steps_and_says_what_it_keeps():
 def test_the_reader_and_verify_import_no_beam():
     """A trainer's environment has numpy and zarr, not Beam: the stage packages name their
     PTransforms lazily, so importing a plain module of one does not pull Beam in."""
-    code = ("import sys; import pipeline.reader, pipeline.blend, pipeline.verify, pipeline.inspect, pipeline.loaders, "
-            "pipeline.megatron, pipeline.report, pipeline.report_html; "
+    code = ("import sys; import flat_tokens.reader, flat_tokens.blend, flat_tokens.tools.verify, flat_tokens.tools.inspect, flat_tokens.loaders, "
+            "flat_tokens.megatron, flat_tokens.tools.report, flat_tokens.tools.report_html; "
             "print('apache_beam' in sys.modules)")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr

@@ -9,7 +9,7 @@ import time
 import pytest
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions
 
-from pipeline import parallelism
+from pipeline.local import parallelism
 from pipeline.options import OptionError
 from tests.helpers import REPO, SAMPLE, check_flat_tokens, refused, run_pipeline, write_jsonl
 from transforms import cores
@@ -89,12 +89,12 @@ def processes_of_a_run(tmp_path, *extra, env=None) -> dict[int, str]:
 @pytest.mark.slow
 def test_worker_processes_are_forked_from_the_launcher_not_started_anew(tmp_path):
     """Forked: the fork server and its two workers run the launcher's own command line (no
-    new interpreter, no `pipeline.worker`). With FLAT_TOKENS_FORK_WORKERS=0 Beam's way:
-    a shell starting `python -m pipeline.worker` for each worker."""
+    new interpreter, no `pipeline.local.worker`). With FLAT_TOKENS_FORK_WORKERS=0 Beam's way:
+    a shell starting `python -m pipeline.local.worker` for each worker."""
     seen = processes_of_a_run(tmp_path / "forked")
     assert len(seen) >= 3 and all("-m pipeline.run" in line for line in seen.values()), seen
     seen = processes_of_a_run(tmp_path / "exec", env={"FLAT_TOKENS_FORK_WORKERS": "0"})
-    started = [line for line in seen.values() if line.endswith("-m pipeline.worker")]
+    started = [line for line in seen.values() if line.endswith("-m pipeline.local.worker")]
     assert len(started) >= 2, seen
 
 

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 import zarr
 
-from pipeline import verify
+from flat_tokens.tools import verify
 from tests.conftest import sample_texts
 from tests.gcs_emulator import BUCKET, gcs  # noqa: F401 - pytest fixture
 from tests.helpers import check_flat_tokens, run_pipeline, write_jsonl

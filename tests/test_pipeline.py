@@ -11,7 +11,7 @@ import pytest
 import zarr
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 
-from pipeline import verify
+from flat_tokens.tools import verify
 from tests.helpers import check_flat_tokens, run_pipeline, write_jsonl
 from transforms.records import ShardSize, SortedShard
 from transforms.write import CreateOutput, LayOutShards, WriteFlatTokens

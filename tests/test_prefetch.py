@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from pipeline import prefetch
-from tests.helpers import SAMPLE
+from tests.helpers import REPO, SAMPLE
 from transforms.tokenize import backends
 
 
@@ -75,8 +75,12 @@ def test_the_command_line_runs_numpy_with_one_blas_thread_unless_told_otherwise(
     assert setting == (preset or "1")
     if not preset:
         assert threads == "1", "numpy started BLAS threads"
-    for entry, first_import in (("run.py", "import apache_beam"), ("cli.py", "importlib.import_module(")):
-        source = (Path(prefetch.__file__).parent / entry).read_text(encoding="utf-8")
-        assert source.index("prefetch.head_start(") < source.index(first_import)
+    run = (Path(prefetch.__file__).parent / "run.py").read_text(encoding="utf-8")
+    assert run.index("prefetch.head_start(") < run.index("import apache_beam")
+    # The console script: pipeline/cli.py's hook, which flat_tokens/tools/cli.py's dispatch calls
+    # before it imports the command's module.
+    assert "prefetch.head_start(" in (Path(prefetch.__file__).parent / "cli.py").read_text(encoding="utf-8")
+    dispatch = (REPO / "flat_tokens" / "tools" / "cli.py").read_text(encoding="utf-8")
+    assert dispatch.index("before(argv[0]") < dispatch.index("importlib.import_module(")
     head_start = prefetch.head_start.__code__.co_names
     assert head_start.index("no_blas_threads") < head_start.index("tokenizer_from_argv")

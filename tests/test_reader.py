@@ -1,4 +1,4 @@
-"""pipeline.reader on datasets written by the real pipeline, and on the format's worked example."""
+"""flat_tokens.reader on datasets written by the real pipeline, and on the format's worked example."""
 import importlib.util
 import json
 import os
@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import zarr
 
-from pipeline import reader
-from pipeline.reader import DatasetError, FlatTokensSplit, UncommittedDataset, inputs_targets, open_dataset
+from flat_tokens import reader
+from flat_tokens.reader import DatasetError, FlatTokensSplit, UncommittedDataset, inputs_targets, open_dataset
 from tests.gcs_emulator import BUCKET, gcs  # noqa: F401 - pytest fixture
 from tests.helpers import CHECKER, REPO, SAMPLE, run_pipeline, write_jsonl
 
@@ -502,7 +502,7 @@ def test_packed_batches_refuses_bad_arguments(example):
 WORKER = """
 import pickle, sys
 import numpy as np
-from pipeline.reader import FlatTokensSplit
+from flat_tokens.reader import FlatTokensSplit
 job = pickle.load(sys.stdin.buffer)
 split = pickle.loads(job["split"]) if "split" in job else FlatTokensSplit(job["url"], "train")
 batches = split.packed_batches(64, 8, seed=4, start_step=job["start"])

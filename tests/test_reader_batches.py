@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import zarr
 
-from pipeline.batch_order import BatchOrder, host_rows
-from pipeline.reader import Batch, FlatTokensSplit, segments
+from flat_tokens.batch_order import BatchOrder, host_rows
+from flat_tokens.reader import Batch, FlatTokensSplit, segments
 from tests.helpers import CountingReads, run_pipeline
 
 LONG = 1024  # a few hundred windows: a test reads several epochs

@@ -1,4 +1,4 @@
-"""pipeline.reader never serves zeros or another dataset's data: a lost chunk raises
+"""flat_tokens.reader never serves zeros or another dataset's data: a lost chunk raises
 MissingChunk, and a reader whose dataset was deleted or replaced by `--overwrite` raises
 (DatasetReplaced) instead of reading what is there now. Locally and on the GCS emulator."""
 import json
@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import zarr
 
-from pipeline import reader
-from pipeline.reader import DatasetError, DatasetReplaced, FlatTokensSplit, MissingChunk
+from flat_tokens import reader
+from flat_tokens.reader import DatasetError, DatasetReplaced, FlatTokensSplit, MissingChunk
 from tests.gcs_emulator import BUCKET, gcs  # noqa: F401 - pytest fixture
 from tests.helpers import REPO, run_pipeline
 
@@ -105,8 +105,8 @@ def test_a_dataset_replaced_by_overwrite_raises(dataset, corpus):
 
 WORKER = """
 import json, pickle, sys
-from pipeline import reader
-from pipeline.reader import FlatTokensSplit
+from flat_tokens import reader
+from flat_tokens.reader import FlatTokensSplit
 reader.TOKENS_READ, reader.STARTS_READ = 4096, 16  # iterators go on reading after the first piece
 split = FlatTokensSplit(sys.argv[1])
 batches = split.packed_batches(64, 4, block_tokens=256, buffer_blocks=2)

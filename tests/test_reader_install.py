@@ -1,6 +1,7 @@
 """The reader-only install (reader/setup.py: the distribution flat-tokens-reader) in a trainer's
 fresh environment: `pip install ./reader` brings numpy, zarr and fsspec and nothing of the
-pipeline's own stack (no Beam, tokenizers, zstandard, orjson, pyarrow or gcsfs), and from it
+pipeline's own stack (no Beam, tokenizers, zstandard, orjson, pyarrow or gcsfs) and none of the
+job's packages (`pipeline`, `transforms`: only `flat_tokens`), and from it
 a trainer reads a dataset the pipeline wrote, takes a training step's batches on two hosts,
 trains one step on them, blends, splits a stream over loader workers, and runs `flat-tokens
 verify` and `inspect`; `flat-tokens run` says it needs the full install."""
@@ -13,17 +14,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.blend import Blend
-from pipeline.reader import open_dataset
+from flat_tokens.blend import Blend
+from flat_tokens.reader import open_dataset
 from tests.helpers import REPO, SAMPLE, run_pipeline
 
 TRAINER = """
 import json, sys
 import numpy as np
-import pipeline.reader
-from pipeline.blend import Blend
-from pipeline.loaders import PackedBatchStream
-from pipeline.reader import open_dataset
+import flat_tokens.reader
+from flat_tokens import Blend, open_dataset  # what a trainer writes
+from flat_tokens.loaders import PackedBatchStream
 
 splits = open_dataset(sys.argv[1])
 train = splits["train"]
@@ -50,10 +50,10 @@ before, grad = loss_and_grad(weights)
 after, _ = loss_and_grad(weights - 50 * grad)
 worker = next(PackedBatchStream(train, 64, 8, seed=3, rank=1, world_size=2).batches(1, 2))  # step 1
 blended = next(Blend([train, splits["validation"]], [3, 1], seed=1).packed_batches(64, 4))
-out = {"reader": pipeline.reader.__file__, "sequences": [s.tolist() for s in train.iter_sequences(0, 5)],
+out = {"reader": flat_tokens.reader.__file__, "sequences": [s.tolist() for s in train.iter_sequences(0, 5)],
        "targets": targets.tolist(), "segment_ids": hosts[1].segment_ids.tolist(), "losses": [before, after],
        "worker": worker[1].tolist(), "blended": blended[1].tolist()}
-for name in ("apache_beam", "tokenizers", "zstandard", "orjson", "pyarrow", "gcsfs"):
+for name in ("apache_beam", "tokenizers", "zstandard", "orjson", "pyarrow", "gcsfs", "pipeline", "transforms"):
     try:
         __import__(name)
         out.setdefault("importable", []).append(name)
@@ -66,10 +66,10 @@ print(json.dumps(out))
 @pytest.fixture(scope="module")
 def reader_venv(tmp_path_factory):
     """A fresh virtual environment with `pip install ./reader`, from a copy of the clone's
-    reader/, pipeline/ and transforms/ (so no build output lands in the clone)."""
+    reader/ and flat_tokens/ (so no build output lands in the clone)."""
     root = tmp_path_factory.mktemp("trainer")
     source = root / "clone"
-    for name in ("reader", "pipeline", "transforms"):
+    for name in ("reader", "flat_tokens"):
         shutil.copytree(REPO / name, source / name, ignore=shutil.ignore_patterns("build", "__pycache__"))
     venv = root / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)

@@ -2,7 +2,7 @@
 pipeline, then edited as a bad sync, a wrong restore or a hand edit would, every chunk still
 matching the checksum it carries. The reader, `for ids in split`, Blend, inspect and export
 raise a DatasetError naming the array and the index at fault: never zeros, never an endless
-loop (pipeline/served_checks.py)."""
+loop (flat_tokens/served_checks.py)."""
 import json
 import os
 import shutil
@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import zarr
 
-from pipeline import reader
-from pipeline.blend import Blend
-from pipeline.reader import DatasetError, FlatTokensSplit, InconsistentData
+from flat_tokens import reader
+from flat_tokens.blend import Blend
+from flat_tokens.reader import DatasetError, FlatTokensSplit, InconsistentData
 from tests.gcs_emulator import BUCKET, gcs  # noqa: F401 - pytest fixture
 from tests.helpers import REPO, remove_manifest, run_pipeline
 
@@ -72,7 +72,7 @@ def python(code: str, *args, env=None) -> subprocess.CompletedProcess:
 
 EVERY_SEQUENCE = """
 import sys
-from pipeline.reader import FlatTokensSplit
+from flat_tokens.reader import FlatTokensSplit
 try:
     split = FlatTokensSplit(sys.argv[1])
     print(sum(ids.size for ids in split))
@@ -94,7 +94,7 @@ def test_a_token_shape_smaller_than_seq_starts_end_raises_instead_of_looping(cop
                                str(tmp_path / "mega" / "out")], cwd=REPO, capture_output=True, text=True,
                               timeout=TIMEOUT)
     assert exported.returncode == 2 and "train/seq_starts[" in exported.stderr, exported.stderr[-2000:]
-    inspected = subprocess.run([sys.executable, "-m", "pipeline.inspect", str(dataset)], cwd=REPO,
+    inspected = subprocess.run([sys.executable, "-m", "flat_tokens.tools.inspect", str(dataset)], cwd=REPO,
                                capture_output=True, text=True, timeout=TIMEOUT)
     assert inspected.returncode == 2 and "train/seq_starts[" in inspected.stderr, inspected.stderr[-2000:]
 
@@ -151,7 +151,7 @@ def test_export_and_inspect_of_a_seq_starts_chunk_from_another_build_fail_naming
                               capture_output=True, text=True, timeout=TIMEOUT)
     assert exported.returncode in (1, 2) and "train/seq_starts[32] (chunk 2)" in exported.stderr.splitlines()[-1], \
         exported.stderr[-3000:]
-    inspected = subprocess.run([sys.executable, "-m", "pipeline.inspect", str(dataset)], cwd=REPO,
+    inspected = subprocess.run([sys.executable, "-m", "flat_tokens.tools.inspect", str(dataset)], cwd=REPO,
                                capture_output=True, text=True, timeout=TIMEOUT)
     assert inspected.returncode == 2 and "train/seq_starts[32]" in inspected.stderr, inspected.stderr[-2000:]
 
@@ -203,7 +203,7 @@ def test_bench_served_checks_smoke(builds):
 
 def test_the_checks_name_an_empty_sequence_an_overlap_and_a_break_between_reads():
     """SplitChecks on arrays as a foreign or edited seq_starts chunk would give them."""
-    from pipeline.served_checks import SplitChecks
+    from flat_tokens.served_checks import SplitChecks
     checks = SplitChecks("ds.zarr", "train", num_tokens=100, num_sequences=5, max_token_id=9, tokens_chunk=8,
                          starts_chunk=4)
     checks.starts(np.array([0, 10, 20, 30], np.uint64), 0)

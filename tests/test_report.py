@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from pipeline.reader import open_dataset
-from pipeline.report import spread
+from flat_tokens.reader import open_dataset
+from flat_tokens.tools.report import spread
 from tests import chromium
 from tests.conftest import sample_texts
 from tests.gcs_emulator import BUCKET, gcs  # noqa: F401 (a fixture)
@@ -39,7 +39,7 @@ HOSTILE = ['<script>window.__pwned = 1; console.error("ran")</script> after the 
 
 
 def report(dataset, html, *args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pipeline.report", str(dataset), "--html", str(html), *map(str, args)],
+    return subprocess.run([sys.executable, "-m", "flat_tokens.tools.report", str(dataset), "--html", str(html), *map(str, args)],
                           cwd=REPO, capture_output=True, text=True, timeout=300)
 
 
@@ -301,7 +301,7 @@ def test_report_reads_and_writes_cloud_storage(mixture_dataset, gcs):
     """gs:// both ways (the real fake-gcs-server): the dataset read from the bucket, the page written there."""
     out, _ = mixture_dataset
     gcs.fs.put(str(out), f"{BUCKET}/report/mix.zarr", recursive=True)
-    proc = subprocess.run([sys.executable, "-m", "pipeline.report", f"gs://{BUCKET}/report/mix.zarr",
+    proc = subprocess.run([sys.executable, "-m", "flat_tokens.tools.report", f"gs://{BUCKET}/report/mix.zarr",
                            "--html", f"gs://{BUCKET}/report/mix.html"], cwd=REPO, capture_output=True, text=True,
                           timeout=300, env={**os.environ, **gcs.env})
     assert proc.returncode == 0, proc.stderr

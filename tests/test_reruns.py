@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import zarr
 
-from pipeline import verify
+from flat_tokens.tools import verify
 from tests.helpers import CHECKER, REPO, check_flat_tokens, run_pipeline, write_jsonl
 from transforms.records import SortedShard
 from transforms.write import layout as plan

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import verify
+from flat_tokens.tools import verify
 from tests.beam_services import portable_services
 from tests.gcs_emulator import BUCKET, gcs  # noqa: F401 - pytest fixture
 from tests.helpers import REPO, check_flat_tokens, run_pipeline, train_byte_level_bpe, write_jsonl

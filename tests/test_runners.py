@@ -32,7 +32,7 @@ from pathlib import Path
 import pytest
 import zarr
 
-from pipeline import verify
+from flat_tokens.tools import verify
 from tests.beam_services import portable_services, service_env, started_workers
 from tests.conftest import sample_texts
 from tests.helpers import REPO, check_flat_tokens, run_pipeline, stats, write_jsonl
@@ -243,11 +243,9 @@ def installed(tmp_path_factory, sdist):
 def test_sdist_ships_the_code_and_the_sample_data(sdist):
     with tarfile.open(sdist) as tar:
         names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
-    for module in ("pipeline/run.py", "pipeline/cli.py", "pipeline/verify.py", "transforms/write/chunk_writers.py"):
+    for module in ("pipeline/run.py", "pipeline/cli.py", "flat_tokens/tools/verify.py", "transforms/write/chunk_writers.py"):
         assert module in names, module
-    for path in (REPO / "pipeline").glob("*.py"):
-        assert f"pipeline/{path.name}" in names, path.name
-    for path in (REPO / "transforms").rglob("*.py"):
+    for path in [*(REPO / "pipeline").rglob("*.py"), *(REPO / "flat_tokens").rglob("*.py"), *(REPO / "transforms").rglob("*.py")]:
         assert path.relative_to(REPO).as_posix() in names, path
     assert {"pipeline/sample/corpus-1.jsonl", "pipeline/sample/corpus-2.jsonl"} <= names
     assert "pipeline/sample/tokenizer.json" in names
@@ -273,7 +271,7 @@ def test_installed_package_runs_outside_the_checkout(installed, installed_run):
     proc = installed_run.proc
     assert proc.returncode == 0, proc.stderr[-5000:]
     assert "flat-tokens: wrote" in proc.stdout
-    check = subprocess.run([str(installed.python), "-m", "pipeline.verify", str(installed_run.out)],
+    check = subprocess.run([str(installed.python), "-m", "flat_tokens.tools.verify", str(installed_run.out)],
                            cwd=installed.work, capture_output=True, text=True, timeout=300, env=_clean_env())
     assert check.returncode == 0, check.stdout + check.stderr
     check_flat_tokens(installed_run.out, "--input", installed.sample_glob, "--tokenizer", "bytes")

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 import zarr
 
-from pipeline import inspect, verify
-from pipeline.reader import open_dataset
+from flat_tokens.tools import inspect, verify
+from flat_tokens.reader import open_dataset
 from tests.helpers import SAMPLE, remove_manifest, run_pipeline, write_jsonl
-from transforms.write.chunk_checksums import seal_zstd_frame
+from flat_tokens.format.chunk_checksums import seal_zstd_frame
 
 MULTI = ["--direct_num_workers=2", "--direct_running_mode=multi_processing"]
 SMALL_CHUNKS = ["--tokens_chunk_size", "3000", "--seq_starts_chunk_size", "16", "--num_shards", "3"]

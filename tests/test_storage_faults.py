@@ -9,12 +9,12 @@ import time
 import numpy as np
 import pytest
 
-from pipeline import verify
-from pipeline.reader import FlatTokensSplit, StorageUnavailable
+from flat_tokens.tools import verify
+from flat_tokens.reader import FlatTokensSplit, StorageUnavailable
 from tests.fault_proxy import FaultProxy
 from tests.gcs_emulator import BUCKET, gcs  # noqa: F401 - pytest fixture
 from tests.helpers import REPO, SAMPLE, check_flat_tokens, run_pipeline
-from transforms import storage_faults
+from flat_tokens.format import storage_faults
 
 CHUNK = 4096
 NAME = "faults.zarr"
@@ -40,7 +40,7 @@ def on_gcs(gcs, written):
 @pytest.fixture(autouse=True)
 def plain_gcsfs():
     """This process talks to the emulator as the commands do with STORAGE_EMULATOR_HOST set
-    (transforms/gcs.py): through gcsfs's core filesystem, without the gRPC probe of a bucket's
+    (flat_tokens/format/gcs.py): through gcsfs's core filesystem, without the gRPC probe of a bucket's
     layout that an emulator does not answer."""
     import fsspec
     from fsspec.registry import registry
@@ -139,7 +139,7 @@ def test_verify_gives_up_after_its_patience_in_one_line(on_gcs, proxy, capsys, m
 @pytest.mark.slow
 def test_verify_command_during_an_outage_prints_no_traceback(on_gcs, proxy):
     proxy.outage(8)
-    proc = subprocess.run([sys.executable, "-m", "pipeline.verify", URL], capture_output=True, text=True, cwd=REPO,
+    proc = subprocess.run([sys.executable, "-m", "flat_tokens.tools.verify", URL], capture_output=True, text=True, cwd=REPO,
                           env={**_env(), **proxy.env, storage_faults.PATIENCE_ENV: "2"}, timeout=60)
     assert proc.returncode == 1, proc.stderr
     assert "Traceback" not in proc.stderr
@@ -240,7 +240,7 @@ def test_a_run_through_503s_429s_and_resets_writes_the_same_bytes(gcs, tokenizer
 
 @pytest.mark.slow
 def test_inspect_during_an_outage_says_so_in_one_line(on_gcs, proxy, capsys, monkeypatch):
-    from pipeline import inspect
+    from flat_tokens.tools import inspect
     monkeypatch.setenv(storage_faults.PATIENCE_ENV, "2")
     proxy.outage(6)
     assert inspect.main(verify_args(proxy)) == 1

@@ -178,9 +178,9 @@ def load_launcher():
 
 
 def dataset_ok(path) -> None:
-    """`python -m pipeline.verify PATH` accepts it (or, without pipeline/verify.py, it is committed)."""
+    """`python -m flat_tokens.tools.verify PATH` accepts it (or, without flat_tokens/tools/verify.py, it is committed)."""
     if (REPO / "pipeline" / "verify.py").exists():
-        proc = subprocess.run([sys.executable, "-m", "pipeline.verify", str(path)], cwd=REPO,
+        proc = subprocess.run([sys.executable, "-m", "flat_tokens.tools.verify", str(path)], cwd=REPO,
                               capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stdout + proc.stderr
     else:

@@ -1,4 +1,4 @@
-"""pipeline.torch_data with a real torch DataLoader (only where torch is installed: the package
+"""flat_tokens.torch_data with a real torch DataLoader (only where torch is installed: the package
 does not depend on it; tests/test_loaders.py covers the same logic without torch): two ranks
 with two worker processes each give each rank's stream exactly, and a loader resumes from a
 state dict (torchdata's StatefulDataLoader, where installed) or from start_step."""
@@ -9,7 +9,7 @@ torch = pytest.importorskip("torch")
 
 from torch.utils.data import DataLoader, DistributedSampler  # noqa: E402
 
-from pipeline.torch_data import PackedBatchDataset, SequenceDataset  # noqa: E402
+from flat_tokens.torch_data import PackedBatchDataset, SequenceDataset  # noqa: E402
 
 
 LENGTH = 128

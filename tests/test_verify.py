@@ -1,4 +1,4 @@
-"""Tests of pipeline.verify on real zarr stores (format 2 and 3) written here with zarr directly."""
+"""Tests of flat_tokens.tools.verify on real zarr stores (format 2 and 3) written here with zarr directly."""
 import os
 import tempfile
 
@@ -8,8 +8,8 @@ import zarr
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
 
-from pipeline import verify
-from pipeline.verify import CannotOpen, main, verify_dataset
+from flat_tokens.tools import verify
+from flat_tokens.tools.verify import CannotOpen, main, verify_dataset
 
 EXAMPLE = [[1, 2], [3, 4, 5], [6, 7, 8]]  # the worked example of the format doc
 

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from pipeline.options import FlatTokensOptions, OptionError, ViewsMadeOnce
-from pipeline.write_memory import MAX_BLOCK_BYTES, check_write_memory
+from pipeline.local.write_memory import MAX_BLOCK_BYTES, check_write_memory
 from tests.helpers import run_pipeline, write_jsonl
 
 

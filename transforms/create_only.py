@@ -40,6 +40,8 @@ import uuid
 
 import fsspec.asyn
 
+from flat_tokens.format.object_trees import identity  # what tells two writes of one path apart
+
 # The suffix of a local object being written: `<name>.<32 hex>.partial`, the names zarr's own
 # local store uses, which the ownership rules recognise as this tool's
 # (transforms/write/ownership.py, zarr_partial_of).
@@ -97,26 +99,6 @@ class Ledger:
         owns the output now: the same job, so the same bytes), rather than replaced."""
         return bool(self.arrays) and all(ident is not None and identity(fs, path) == ident
                                          for path, ident in self.arrays.items())
-
-
-def identity(fs, path: str) -> tuple | None:
-    """What tells this object from another at the same path, or None when there is none."""
-    if is_local(fs):
-        try:
-            st = os.stat(path)
-        except FileNotFoundError:
-            return None
-        return (st.st_ino, st.st_mtime_ns, st.st_size)
-    fs.invalidate_cache(path)
-    try:
-        info = fs.info(path)
-    except FileNotFoundError:
-        return None
-    if info.get("type") == "directory":
-        return None
-    generation = info.get("generation")
-    return ("generation", str(generation)) if generation else ("etag", str(info.get("etag") or info.get("ETag")),
-                                                                 info.get("size"))
 
 
 def _read(fs, path: str) -> bytes | None:

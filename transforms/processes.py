@@ -2,7 +2,7 @@
 
 A run leaves marks of work in progress: a lease at the output while one of its writes is in
 flight (transforms/write/ownership.py), an owner record in each of its local temporary
-directories (pipeline/scratch.py). Another run may clear such a mark only when the process
+directories (pipeline/local/scratch.py). Another run may clear such a mark only when the process
 that made it can no longer act on it. This module describes a process so that a later one
 can tell: `this_process()` is written into the mark, `certainly_dead(record)` reads it.
 

@@ -12,7 +12,7 @@ On local runners the launcher cannot query metrics while the pipeline runs (FnAp
 blocks in run(), and multi_processing workers are other processes), so each DoFn instance
 also writes its running totals to a small file in a directory of the launcher's, which the
 launcher sums every few seconds; only when every worker sees the launcher's disk
-(pipeline/environment.py). Retried bundles may count twice there too.
+(pipeline/local/environment.py). Retried bundles may count twice there too.
 """
 import json
 import os

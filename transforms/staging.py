@@ -22,7 +22,7 @@ shard gathers documents from every input, so its record is only good for the sam
 
 Trust. Every object is written whole: under a temporary name renamed into place locally; an
 object store's upload is atomic. Every object carries a checksum written with it
-(transforms/checksums.py): accounts, `.batch` objects, shard records and chunk marks are
+(flat_tokens/format/checksums.py): accounts, `.batch` objects, shard records and chunk marks are
 sealed (a CRC-32C trailer); a batch's ids stay as they are (the shuffle maps them in place),
 and their size and CRC-32C are sealed into its `.batch`. A shard record and a chunk mark also
 hold the size and CRC-32C of every chunk object they vouch for. Before a rerun reuses
@@ -64,7 +64,7 @@ import numpy as np
 from fsspec.core import url_to_fs
 
 from transforms import create_only
-from transforms.checksums import Damaged, Sum, seal, stored_problem, unseal
+from flat_tokens.format.checksums import Damaged, Sum, seal, stored_problem, unseal
 from transforms.records import TokenizedBatch, mapped_ids
 
 FOLDER = ".flat-tokens-staging"

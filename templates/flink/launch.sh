@@ -199,7 +199,7 @@ cmd_local() {
     job_port=${LOCAL_JOB_PORT:-$(free_port "$python")}
     pool_port=${LOCAL_POOL_PORT:-$(free_port "$python")}
     # The worker pool starts each SDK worker with the `python` on PATH: put this interpreter's
-    # directory first, or the job hangs. Workers import `pipeline` and `transforms` from the checkout.
+    # directory first, or the job hangs. Workers import `pipeline`, `transforms` and `flat_tokens` from the checkout.
     local env_vars=(PATH="$(dirname "$python"):$PATH" PYTHONPATH="$REPO_ROOT${PYTHONPATH:+:$PYTHONPATH}")
     if [[ $DRY_RUN == 1 ]]; then
         run env "${env_vars[@]}" "$python" -m apache_beam.runners.worker.worker_pool_main --service_port="$pool_port"

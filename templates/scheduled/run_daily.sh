@@ -15,7 +15,7 @@
 #      tokens_per_second, run_id, tokenizer) on one line
 #   0  already built, nothing rewritten: by this very command over the same input (pipeline.run
 #      itself says so and exits 0: the last line is its summary, with "already_built": true), or
-#      by other options (OUTPUT exists and `python -m pipeline.verify` accepts it): the last
+#      by other options (OUTPUT exists and `python -m flat_tokens.tools.verify` accepts it): the last
 #      line is {"output": ..., "already_built": true}
 #   1  the pipeline failed: OUTPUT is left uncommitted (verify rejects it), with the work it
 #      finished kept under it. Rerunning this script with the same options resumes it; after a
@@ -72,7 +72,7 @@ case $rc in
         exit 0 ;;
     2)
         # The refusal (or another usage error). A committed dataset at OUTPUT means this day is done.
-        if "$PYTHON" -m pipeline.verify "$OUTPUT" >&2; then
+        if "$PYTHON" -m flat_tokens.tools.verify "$OUTPUT" >&2; then
             "$PYTHON" -c 'import json, sys; print(json.dumps({"output": sys.argv[1], "already_built": True}))' "$OUTPUT"
             exit 0
         fi

@@ -24,8 +24,9 @@ from fsspec.core import url_to_fs
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.utils import glob_translate
 
-from transforms.gcs import close_gcs_sessions, close_gcs_sessions_at_exit, use_gcs_emulator_plainly  # noqa: F401
-from transforms.own_names import is_own_name
+from flat_tokens.format.gcs import close_gcs_sessions, close_gcs_sessions_at_exit, use_gcs_emulator_plainly  # noqa: F401
+from flat_tokens.format.own_names import is_own_name
+from flat_tokens.format.report_files import INPUT_PARQUET_SUFFIXES
 
 try:
     import zstandard
@@ -35,7 +36,7 @@ except ImportError:  # the reader-only install (reader/setup.py) reads no input,
 
 GLOB_CHARS = "*?["
 COMPRESSED_SUFFIXES = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd", ".bz2": "bz2", ".xz": "xz"}
-PARQUET_SUFFIXES = (".parquet", ".pq")
+PARQUET_SUFFIXES = INPUT_PARQUET_SUFFIXES  # one list: a report row names its documents' files by it too
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 # In a directory, an uncompressed *.json file is far more often one JSON document (a corpus's
 # MANIFEST.json, a HuggingFace save_to_disk folder's dataset_info.json and state.json) than
@@ -46,7 +47,7 @@ JSONL = "jsonl"
 PARQUET = "parquet"
 # Names of the files listed after a directory input's "skipped" warning.
 SKIPPED_NAMED = 5
-# What this tool writes, recognised by its exact names (transforms/own_names.py): a directory
+# What this tool writes, recognised by its exact names (flat_tokens/format/own_names.py): a directory
 # holding one is one of its outputs (a dataset's claim, an unfinished output's staging area,
 # leases), and a file named like a rejected-lines report is one. Listings leave both out: an
 # output written inside its own input directory must not become input of the next run. A

@@ -35,6 +35,7 @@ from fractions import Fraction
 
 import fsspec
 
+from flat_tokens.format.mixture_table import DOCUMENTS, DUPLICATES, TOKENS_AVAILABLE, TRAIN_TOKENS, VALIDATION_TOKENS
 from transforms.read.inputs import InputError
 
 SOURCE_KEYS = ("name", "input", "validation_input", "weight", "max_epochs", "text_key")
@@ -221,18 +222,14 @@ def sampling_plan(mixture: Mixture, train_tokens: list[int]) -> tuple[Fraction, 
 
 
 # ---------------------------------------------------------------------------------------------
-# Counts per source: keys of the job's count dicts (transforms.write.commit.SumCounts)
+# Counts per source: keys of the job's count dicts (transforms.write.commit.SumCounts); those a
+# reader shows are the provenance's field names (flat_tokens/format/mixture_table.py)
 
-DOCUMENTS = "documents"  # documents read (empty ones included)
 EMPTY = "empty"  # documents that tokenized to nothing
-DUPLICATES = "duplicates"  # copies removed by --dedup exact
 NEAR_DUPLICATES = "near_duplicates"  # texts removed by --dedup near as near-copies of a kept text
 TRAIN_DOCUMENTS = "train_documents"  # distinct documents available to train
-TOKENS_AVAILABLE = "tokens_available"  # their tokens: tokens_s of the multiplier
 TRAIN_SEQUENCES = "train_sequences"  # copies written to train
-TRAIN_TOKENS = "train_tokens"
 VALIDATION_SEQUENCES = "validation_sequences"
-VALIDATION_TOKENS = "validation_tokens"
 # --min_tokens, --max_tokens (transforms/tokenize/lengths.py): documents dropped as too short,
 # and the pieces of split documents beyond one each (train documents and validation sequences
 # count every piece).
@@ -288,19 +285,3 @@ def report(mixture: Mixture, counts: dict) -> dict:
         entry["train_share"] = c[TRAIN_TOKENS] / train_total if train_total else 0.0
     described["train_tokens_target"] = float(total)
     return described
-
-
-def source_table(report: dict, indent: str = "  ") -> list[str]:
-    """The `mixture` root attribute as a text table: one row per source, asked and achieved."""
-    header = ("source", "share", "max_epochs", "multiplier", "documents", "duplicates", "tokens available",
-              "train tokens", "train share", "validation tokens")
-    rows = [header] + [(
-        s["name"], f"{s['share']:.3f}", f"{s['max_epochs']:g}", f"{s['multiplier']:.4f}", f"{s[DOCUMENTS]:,}",
-        f"{s[DUPLICATES]:,}", f"{s[TOKENS_AVAILABLE]:,}", f"{s[TRAIN_TOKENS]:,}", f"{s['train_share']:.3f}",
-        f"{s[VALIDATION_TOKENS]:,}") for s in report["sources"]]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    lines = [f"{indent}mixture {report['file']}: train target {report['train_tokens_target']:,.0f} tokens"]
-    for r in rows:
-        cells = [r[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(r[1:], widths[1:])]
-        lines.append(indent + "  " + "  ".join(cells).rstrip())
-    return lines

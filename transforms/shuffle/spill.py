@@ -18,9 +18,9 @@ bytes at the same name and a reader never sees half a file.
 
 The directory is created by the launcher, named after the run, and removed by it when the
 run ends, however it ends (SIGTERM and SIGINT included), or by a later run when its process
-was killed outright (pipeline/scratch.py: an owner record in it says which process made it);
+was killed outright (pipeline/local/scratch.py: an owner record in it says which process made it);
 nothing else is ever deleted. Only when every worker sees the launcher's disk
-(pipeline/environment.py): workers of Dataflow, Flink or any command that starts them
+(pipeline/local/environment.py): workers of Dataflow, Flink or any command that starts them
 elsewhere share no disk with it, so there the ids travel in the shuffle (`spill_dir` is None).
 """
 import hashlib

@@ -6,7 +6,7 @@ from a new build every text that earlier datasets hold, reading only their index
     written create-only once the output is this run's (the same bytes again, from a Beam
     retry or a resumed run, are found in place)
 
-An index file is sealed as staged files are (transforms/checksums.py: the payload, then
+An index file is sealed as staged files are (flat_tokens/format/checksums.py: the payload, then
 `FTc1` and its CRC-32C): the payload is `INDEX_MAGIC`, the document count n (uint64 LE),
 the n 128-bit content digests sorted (16 bytes each, as dedup.content_digests) and the n
 splits (1 byte each: 0 train, 1 validation). So 17 bytes per document, plus 20 per file.
@@ -29,9 +29,9 @@ import numpy as np
 from fsspec.core import url_to_fs
 
 from transforms import create_only, hashing
-from transforms.checksums import object_entry
+from flat_tokens.format.checksums import object_entry
 from transforms.records import RecordCoder
-from transforms.tokenize.index_files import (INDEX_DIRECTORY, INDEX_MAGIC, MissingIndex, decode_index, encode_index,
+from flat_tokens.format.index_files import (INDEX_DIRECTORY, INDEX_MAGIC, MissingIndex, decode_index, encode_index,
                                              index_file_name)
 
 INDEX_DOCUMENTS = "dedup_index_documents"  # count keys: documents indexed, bytes written, files written

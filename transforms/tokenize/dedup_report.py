@@ -28,7 +28,7 @@ from fsspec.core import url_to_fs
 from transforms import create_only, hashing
 from transforms.read.inputs import place_name
 from transforms.records import RecordCoder
-from transforms.tokenize.report_files import EARLIER, PARQUET_SUFFIX, report_file_name, report_format
+from flat_tokens.format.report_files import EARLIER, PARQUET_SUFFIX, report_file_name, report_format
 
 REPORT_ROWS = "dedup_report_rows"  # the count key: rows written
 

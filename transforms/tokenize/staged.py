@@ -16,7 +16,7 @@ from collections import Counter, deque
 
 import apache_beam as beam
 
-from transforms.checksums import Damaged
+from flat_tokens.format.checksums import Damaged
 from transforms.progress import ProgressFile
 from transforms.read.jsonl_documents import COUNTS, LINE_COUNTS, REJECTED
 from transforms.records import TokenizedBatch

@@ -17,7 +17,7 @@ import apache_beam as beam
 import fsspec
 import numpy as np
 
-from transforms import storage_faults
+from flat_tokens.format import storage_faults
 from transforms.progress import ProgressFile, show_document_lengths
 from transforms.read.inputs import PARQUET, absolute, format_of
 from transforms.records import DocumentBatch, TokenizedBatch, narrowest_ids

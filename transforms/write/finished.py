@@ -11,7 +11,7 @@ and WriteSharedChunks does not write them again (it still checks that their frag
 """
 import apache_beam as beam
 
-from transforms.checksums import Damaged
+from flat_tokens.format.checksums import Damaged
 from transforms.records import ShardSize
 from transforms.write.chunk_writers import WriteOwnedChunks
 

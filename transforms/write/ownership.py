@@ -10,12 +10,12 @@ The claim is kept by the commit, so a committed dataset says which run wrote it.
 
 "Ours" is recognised from names and the claim, never from arbitrary zarr content: an output
 is replaceable only when every top-level entry is one this tool writes (the claims, the
-root group metadata, `train/`, `validation/`, and the exact names transforms/own_names.py
+root group metadata, `train/`, `validation/`, and the exact names flat_tokens/format/own_names.py
 lists: conflict records, leases, the staging area and their temporary names; a user's
 `.flat-tokens-notes.txt` is not one, so it is neither deleted nor ours), a claim says the dataset entries are this
 tool's, and every object inside `train/` and `validation/` is one the layout writes there:
 group and array metadata, and the data objects the arrays' metadata implies
-(transforms/write/chunk_objects.py). A user's `train/NOTES.txt` makes the output foreign.
+(flat_tokens/format/chunk_objects.py). A user's `train/NOTES.txt` makes the output foreign.
 A committed dataset of an earlier version (no claim) is recognised by the provenance those
 versions wrote: root attributes `format: flat-tokens`, `package.name: flat-tokens-beam` and
 a `run_id` that both split groups repeat in `flat_tokens_run`.
@@ -53,28 +53,15 @@ import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from fsspec.core import url_to_fs
-
 from transforms import create_only, processes
-from transforms.own_names import is_own_name
-from transforms.write.chunk_objects import ChunkObjects, chunk_objects
-from transforms.write.manifest import MANIFEST
-from transforms.write.object_trees import remove_tree, walk_tree
+from flat_tokens.format.own_names import is_own_name
+from flat_tokens.format.claims import (ARRAY_METADATA, ARRAYS, CLAIM_PREFIX, CONFLICT_PREFIX, DATASET_ENTRIES,  # noqa: F401
+    DEDUP_INDEX, LEASE_PREFIX, OWN_PREFIX, PACKAGE_NAME, ROOT_METADATA, SPLIT_RUN_ATTRIBUTE, SPLITS, STAGING,
+    claim_generation, claim_generations, conflicts, is_local, read_json, refusals, split_url, top_level_names)
+from flat_tokens.format.chunk_objects import ChunkObjects, chunk_objects
+from flat_tokens.format.manifest import MANIFEST
+from flat_tokens.format.object_trees import remove_tree, walk_tree
 
-OWN_PREFIX = ".flat-tokens-"  # every top-level name this tool writes for itself starts so (own_names: which)
-CLAIM_PREFIX = ".flat-tokens-run."
-CONFLICT_PREFIX = ".flat-tokens-conflict."
-STAGING = ".flat-tokens-staging"  # work kept for a rerun (transforms/staging.py): never replaced here
-LEASE_PREFIX = ".flat-tokens-writing."
-SPLITS = ("train", "validation")
-# The arrays a split may hold: the format's two, and the optional per-sequence sources
-# extension (`seq_sources`, written with --record_sources).
-ARRAYS = ("encoded_tokens", "seq_starts", "seq_sources")
-ROOT_METADATA = (".zgroup", ".zattrs", "zarr.json")
-ARRAY_METADATA = (".zarray", ".zattrs", "zarr.json")
-DEDUP_INDEX = "dedup_index"  # the dataset's dedup index (transforms/tokenize/dedup_index.py), beside its splits
-# The commit's manifest (transforms/write/manifest.py), beside the root metadata.
-DATASET_ENTRIES = frozenset(SPLITS + ROOT_METADATA + (DEDUP_INDEX, MANIFEST))
 # How long a run taking an output over waits for another run's write in flight, unless that
 # run's process is seen dead: far longer than writing one shard's chunks (and sorting the
 # next shard, which the writer does before it confirms them) or one batch of deletions.
@@ -82,8 +69,6 @@ DATASET_ENTRIES = frozenset(SPLITS + ROOT_METADATA + (DEDUP_INDEX, MANIFEST))
 LEASE_PATIENCE_S = 600.0
 LEASE_PATIENCE_VARIABLE = "FLAT_TOKENS_LEASE_PATIENCE_S"
 DELETE_BATCH = 1000  # objects deleted per fenced step when a run removes what it replaces
-PACKAGE_NAME = "flat-tokens-beam"
-SPLIT_RUN_ATTRIBUTE = "flat_tokens_run"
 LISTED_NAMES = 5
 
 
@@ -125,24 +110,11 @@ class OutputState:
         return self.kind in ("absent", "empty", "dataset")
 
 
-def split_url(url: str, storage_options: dict | None = None):
-    """(filesystem, path) with local paths made absolute, `~` expanded and symlinks resolved."""
-    fs, path = url_to_fs(url, **(storage_options or {}))
-    if _is_local(fs):
-        path = os.path.realpath(path)
-    return fs, path.rstrip("/") or "/"
-
-
-def _is_local(fs) -> bool:
-    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
-    return protocol in ("file", "local")
-
-
 def location(url: str, storage_options: dict | None = None) -> tuple[str, str]:
     """A normalised (protocol, path) for comparing where two URLs point."""
     fs, path = split_url(url, storage_options)
     protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
-    return ("file" if _is_local(fs) else protocol), (path if _is_local(fs) else posixpath.normpath(path))
+    return ("file" if is_local(fs) else protocol), (path if is_local(fs) else posixpath.normpath(path))
 
 
 def contains(outer: tuple[str, str], inner: tuple[str, str]) -> bool:
@@ -171,50 +143,16 @@ def refuse_overlaps(output_url: str, inputs: list[str], rejected_url: str, stora
                           f"put the rejected-lines report outside the output")
 
 
-def _names(fs, path: str) -> list[tuple[str, bool]]:
-    """(name, is directory) of each top-level entry, read fresh (gcsfs caches listings)."""
-    fs.invalidate_cache(path)
-    try:
-        entries = fs.ls(path, detail=True, refresh=True) if not _is_local(fs) else fs.ls(path, detail=True)
-    except FileNotFoundError:
-        return []
-    out = []
-    for e in entries:
-        name = posixpath.basename(e["name"].rstrip("/"))
-        if e["name"].rstrip("/") == path.rstrip("/") or not name:
-            continue  # a bucket's directory placeholder object (`out/`) lists itself
-        out.append((name, e.get("type") == "directory"))
-    return sorted(set(out))
-
-
-def claim_generation(name: str) -> int | None:
-    if name.startswith(CLAIM_PREFIX) and name[len(CLAIM_PREFIX):].isdigit():
-        return int(name[len(CLAIM_PREFIX):])
-    return None
-
-
-def _read_json(fs, path: str) -> dict | None:
-    try:
-        value = json.loads(fs.cat_file(path))
-    except (FileNotFoundError, ValueError, UnicodeDecodeError):
-        return None
-    return value if isinstance(value, dict) else None
-
-
-def _claims(names) -> list[int]:
-    return sorted(g for g in (claim_generation(n) for n, _ in names) if g is not None)
-
-
 def _legacy_run_id(fs, path: str) -> str:
     """The run id of a committed dataset written by a version without claims, or ""."""
-    root = _read_json(fs, f"{path}/.zattrs") or (_read_json(fs, f"{path}/zarr.json") or {}).get("attributes") or {}
+    root = read_json(fs, f"{path}/.zattrs") or (read_json(fs, f"{path}/zarr.json") or {}).get("attributes") or {}
     run_id = root.get("run_id")
     if not (root.get("format") == "flat-tokens" and isinstance(root.get("package"), dict)
             and root["package"].get("name") == PACKAGE_NAME and isinstance(run_id, str) and run_id):
         return ""
     for split in SPLITS:
-        attrs = _read_json(fs, f"{path}/{split}/.zattrs") or \
-            (_read_json(fs, f"{path}/{split}/zarr.json") or {}).get("attributes") or {}
+        attrs = read_json(fs, f"{path}/{split}/.zattrs") or \
+            (read_json(fs, f"{path}/{split}/zarr.json") or {}).get("attributes") or {}
         if attrs.get(SPLIT_RUN_ATTRIBUTE) != run_id:
             return ""
     return run_id
@@ -231,7 +169,7 @@ def _array_layouts(fs, split_path: str) -> dict[str, ChunkObjects | None]:
     """Each array's data objects, from its metadata (None where it cannot be read)."""
     layouts = {}
     for array in ARRAYS:
-        meta = _read_json(fs, f"{split_path}/{array}/.zarray") or _read_json(fs, f"{split_path}/{array}/zarr.json")
+        meta = read_json(fs, f"{split_path}/{array}/.zarray") or read_json(fs, f"{split_path}/{array}/zarr.json")
         layouts[array] = chunk_objects(meta) if meta else None
     return layouts
 
@@ -306,14 +244,14 @@ def inspect_output(url: str, storage_options: dict | None = None, own_run_id: st
         return OutputState("absent")
     if not fs.isdir(path):
         return OutputState("file", names=(posixpath.basename(path),))
-    listed = [(n, d) for n, d in _names(fs, path) if not (own_run_id and is_own_name(n) and own_run_id in n)]
+    listed = [(n, d) for n, d in top_level_names(fs, path) if not (own_run_id and is_own_name(n) and own_run_id in n)]
     names = tuple(n + "/" if d else n for n, d in listed)
     if not listed:
         return OutputState("empty")
-    claims = _claims(listed)
+    claims = claim_generations(listed)
     owner = (0, "")
     if claims:
-        claim = _read_json(fs, f"{path}/{CLAIM_PREFIX}{claims[-1]}") or {}
+        claim = read_json(fs, f"{path}/{CLAIM_PREFIX}{claims[-1]}") or {}
         owner = (claims[-1], str(claim.get("run_id", "")))
     plain = {n for n, _ in listed}
     if not claims and plain & DATASET_ENTRIES:
@@ -393,10 +331,10 @@ def refuse_for_run(url: str, overwrite: bool, storage_options: dict | None = Non
 def current_owner(fs, path: str) -> tuple[int, str]:
     """(generation, run id) of the highest claim, or (0, "")."""
     for _ in range(3):  # a claim listed, then removed by a takeover before it is read: look again
-        claims = _claims(_names(fs, path))
+        claims = claim_generations(top_level_names(fs, path))
         if not claims:
             return 0, ""
-        claim = _read_json(fs, f"{path}/{CLAIM_PREFIX}{claims[-1]}")
+        claim = read_json(fs, f"{path}/{CLAIM_PREFIX}{claims[-1]}")
         if claim is not None:
             return claims[-1], str(claim.get("run_id", ""))
     return claims[-1], ""
@@ -416,14 +354,14 @@ def claim(url: str, run_id: str, generation: int, storage_options: dict | None =
     body = json.dumps({"run_id": run_id, "generation": generation, "tool": PACKAGE_NAME, "version": _version(),
                        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}).encode()
     claim_path = f"{path}/{CLAIM_PREFIX}{generation}"
-    if _is_local(fs):
+    if is_local(fs):
         fs.makedirs(path, exist_ok=True)
     try:
         fs.pipe_file(claim_path, body, mode="create")
     except FileExistsError:
         pass  # another run's, or this run's own from an earlier attempt of this step: read it
     fs.invalidate_cache(path)
-    holder = (_read_json(fs, claim_path) or {}).get("run_id")
+    holder = (read_json(fs, claim_path) or {}).get("run_id")
     if holder != run_id:
         raise OutputTaken(f"--output {url}: run {holder} claimed it first (both runs found the same output); "
                           f"this run stops without touching it")
@@ -449,32 +387,6 @@ def check_owner(url: str, run_id: str, storage_options: dict | None = None, doin
 def record_conflict(url: str, run_id: str, message: str, storage_options: dict | None = None) -> None:
     fs, path = split_url(url, storage_options)
     fs.pipe_file(f"{path}/{CONFLICT_PREFIX}{run_id}", message.encode())
-
-
-def conflicts(url: str, storage_options: dict | None = None) -> list[str]:
-    """The conflict records at the output: each means another run may have written into it."""
-    fs, path = split_url(url, storage_options)
-    return [n for n, _ in _names(fs, path) if n.startswith(CONFLICT_PREFIX)]
-
-
-def refusals(url: str, committed_by: str, storage_options: dict | None = None) -> list[str]:
-    """Why a committed dataset (committed by run `committed_by`) must not be read: conflict
-    records (another run may have written into it), or a newer claim than its run's (a run
-    that lost the output committed in another's; or a run replacing it has begun). Empty
-    when it may be read. One listing of the output's top level."""
-    fs, path = split_url(url, storage_options)
-    names = _names(fs, path)
-    fs.invalidate_cache(path)  # a reader keeps its filesystem: no listing of ours may answer its later looks
-    found = [f"conflict record {n}: another run may have written into this output while it was being written; "
-             f"rerun with --overwrite" for n, _ in names if n.startswith(CONFLICT_PREFIX)]
-    generations = _claims(names)
-    if generations and committed_by:
-        holder = (_read_json(fs, f"{path}/{CLAIM_PREFIX}{generations[-1]}") or {}).get("run_id")
-        if holder and holder != committed_by:
-            found.append(f"run {holder} holds the output's newest claim ({CLAIM_PREFIX}{generations[-1]}), not run "
-                         f"{committed_by}, which committed this dataset: it is being replaced, or run {committed_by} "
-                         f"lost the output before it committed; rerun with --overwrite")
-    return found
 
 
 def _log():
@@ -632,12 +544,12 @@ def wait_for_writers(url: str, run_id: str, storage_options: dict | None = None,
     pause = 0.05
     while True:
         check_owner(url, run_id, storage_options, doing="waiting for the replaced run's writes to land")
-        leases = [n for n, _ in _names(fs, path) if n.startswith(LEASE_PREFIX) and not is_lease_of(n, run_id)]
+        leases = [n for n, _ in top_level_names(fs, path) if n.startswith(LEASE_PREFIX) and not is_lease_of(n, run_id)]
         if not leases:
             return
         now = time.monotonic()
         for name in leases:
-            lease = _read_json(fs, f"{path}/{name}")
+            lease = read_json(fs, f"{path}/{name}")
             if lease is None:
                 # Not a whole lease: its writer was killed while creating it, or is creating it
                 # now. Its check comes after the lease is whole, so it either never ran or will
@@ -672,7 +584,7 @@ def release_claim(url: str, run_id: str, generation: int, storage_options: dict 
     """Gives back a claim this run made but will not use: the output stays as it was."""
     fs, path = split_url(url, storage_options)
     name = f"{path}/{CLAIM_PREFIX}{generation}"
-    if (_read_json(fs, name) or {}).get("run_id") == run_id:
+    if (read_json(fs, name) or {}).get("run_id") == run_id:
         _remove_if_present(fs, name)
 
 
@@ -721,7 +633,7 @@ def _delete_split(url: str, run_id: str, split: str, storage_options: dict | Non
             _delete_fenced(url, run_id, split, fs, data[i:i + DELETE_BATCH], storage_options)
     if metadata:
         _delete_fenced(url, run_id, split, fs, metadata, storage_options)
-    if _is_local(fs):  # object stores have no directories to remove
+    if is_local(fs):  # object stores have no directories to remove
         for relative in sorted(directories, key=lambda r: -r.count("/")) + [""]:
             try:
                 os.rmdir(os.path.join(base, relative))
@@ -744,7 +656,7 @@ def remove_replaced(url: str, run_id: str, storage_options: dict | None = None,
     (their rejected-line reports go too)."""
     fs, path = split_url(url, storage_options)
     check_owner(url, run_id, storage_options, doing="replacing the old output")
-    names = _names(fs, path)
+    names = top_level_names(fs, path)
     own = current_owner(fs, path)[0]
     replaced = []
     order = sorted(names, key=lambda e: (e[0] not in ROOT_METADATA, e[0]))
@@ -753,7 +665,7 @@ def remove_replaced(url: str, run_id: str, storage_options: dict | None = None,
         if generation is not None:
             if generation >= own:
                 continue
-            holder = (_read_json(fs, f"{path}/{name}") or {}).get("run_id")
+            holder = (read_json(fs, f"{path}/{name}") or {}).get("run_id")
             if holder:
                 replaced.append(holder)
         elif name in keep or name == STAGING:

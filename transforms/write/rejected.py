@@ -21,7 +21,7 @@ import apache_beam as beam
 from fsspec.core import url_to_fs
 
 from transforms.read import jsonl
-from transforms.gcs import close_gcs_sessions_at_exit
+from flat_tokens.format.gcs import close_gcs_sessions_at_exit
 from transforms.write.ownership import OutputError
 
 close_gcs_sessions_at_exit()

@@ -1,4 +1,4 @@
-"""The commit's account of what was written: the manifest's entries (transforms/write/manifest.py)
+"""The commit's account of what was written: the manifest's entries (flat_tokens/format/manifest.py)
 taken from the stored objects themselves.
 
 At commit time every writer has landed and reported; what is stored is what the dataset is.
@@ -18,8 +18,8 @@ import json
 import posixpath
 from concurrent.futures import ThreadPoolExecutor
 
-from transforms.write import chunk_checksums, manifest
-from transforms.write.chunk_objects import chunk_objects
+from flat_tokens.format import chunk_checksums, manifest
+from flat_tokens.format.chunk_objects import chunk_objects
 
 ARRAY_METADATA = (".zarray", ".zattrs", "zarr.json")
 THREADS = 16

@@ -5,7 +5,7 @@ first, with no group metadata above them. The commit writes each split's group m
 then the root group's (`.zattrs`/`.zgroup`, or `zarr.json`), last, with the provenance and
 `"complete": true`. Every object is created once and never updated: each is stored
 create-only (transforms/create_only.py), so a run that lost the output cannot replace it.
-Until the root metadata is there, zarr cannot open `OUTPUT` as a group and `pipeline.verify`
+Until the root metadata is there, zarr cannot open `OUTPUT` as a group and `flat_tokens.tools.verify`
 reports an unfinished run. Before any of this, the run claims the output
 (`transforms/write/ownership.py`): only this tool's own output is ever replaced.
 """
@@ -23,10 +23,11 @@ from fsspec.core import url_to_fs
 from zarr.core.buffer import default_buffer_prototype
 
 from transforms import create_only
-from transforms.checksums import Sum
-from transforms.gcs import close_gcs_sessions_at_exit
-from transforms.tokenize.index_files import index_objects
-from transforms.write import chunk_checksums, manifest, ownership, stored_sums
+from flat_tokens.format.checksums import Sum
+from flat_tokens.format.gcs import close_gcs_sessions_at_exit
+from flat_tokens.format.index_files import index_objects
+from flat_tokens.format import chunk_checksums, manifest
+from transforms.write import ownership, stored_sums
 from transforms.write.ownership import OutputError, OutputTaken  # noqa: F401 - part of this module's API
 
 # After `import zarr`: gcsfs sessions on zarr's event loop must close before zarr stops it.
@@ -70,7 +71,7 @@ class StoreTarget:
         return self.chunk(name) * (self.chunks_per_shard or 1)
 
     def checksums(self) -> str:
-        """The checksum scheme of the chunks (transforms/write/chunk_checksums.py)."""
+        """The checksum scheme of the chunks (flat_tokens/format/chunk_checksums.py)."""
         return chunk_checksums.scheme(self.zarr_format, self.codec)
 
     def describe(self) -> dict:
@@ -112,7 +113,7 @@ ZSTD_LEVEL = 1
 
 def _codecs(target: StoreTarget, dtype_size: int) -> dict:
     """create_array's `compressors` and `filters`: the codec, and the checksum every chunk
-    carries (transforms/write/chunk_checksums.py). zarr 2 with zstd: the plain zstd codec in
+    carries (flat_tokens/format/chunk_checksums.py). zarr 2 with zstd: the plain zstd codec in
     the metadata, readable by every numcodecs; the chunks, written by ChunkWriter, carry
     their CRC-32C in a zstd skippable frame after the zstd frame."""
     cname, clevel = {"blosc-zstd": ("zstd", 3), "blosc-lz4": ("lz4", 5)}.get(target.codec, (None, None))
@@ -301,7 +302,7 @@ def metadata_path(target: StoreTarget, split: str, name: str) -> str:
 class ChunkWriter:
     """Writes whole chunks of one zarr v2 array straight to storage: each chunk is encoded
     with the array's own filters and compressor, sealed with its checksum
-    (transforms/write/chunk_checksums.py: with zstd, a skippable frame holding the frame's
+    (flat_tokens/format/chunk_checksums.py: with zstd, a skippable frame holding the frame's
     CRC-32C after it), and stored under the array's own key, chunks in parallel on a
     thread pool, each create-only (transforms/create_only.py) in the lease of the write.
     Any zarr and numcodecs decodes the bytes to the values zarr's own write would give (a

@@ -1,6 +1,6 @@
 """The dataset's manifest (issue 37): every object it holds, bound to its key, and sealed.
 
-A chunk's own checksum (transforms/write/chunk_checksums.py) says its bytes are whole; it
+A chunk's own checksum (flat_tokens/format/chunk_checksums.py) says its bytes are whole; it
 cannot say the chunk is the one that belongs at its key: two chunks swapped by a sync tool,
 a chunk or a whole split copied from another build, a shard index entry set to "empty" or a
 shape edited in `.zarray` are all whole objects. The manifest closes that:
@@ -24,7 +24,7 @@ shape edited in `.zarray` are all whole objects. The manifest closes that:
 * The manifest names its run: a split copied from another build has that build's group
   attributes and chunks, which this build's entries do not match.
 
-Readers (pipeline/read_guard.py) check each object they read against *its own key's* entry,
+Readers (flat_tokens/read_guard.py) check each object they read against *its own key's* entry,
 and name, when it is one, the key whose entry the bytes match instead.
 
 Pure (json, hashlib, numpy, CRC-32C): no zarr, no Beam, no storage; the write side's
@@ -41,7 +41,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from transforms.checksums import crc32c, object_entry
+from flat_tokens.format.checksums import crc32c, object_entry
 
 MANIFEST = "flat-tokens-manifest.json"  # at the dataset's root, beside the root metadata
 ATTRIBUTE = "manifest"  # the root attribute that seals it

@@ -1,4 +1,4 @@
-"""The dataset report (pipeline/report.py) as one self-contained HTML page.
+"""The dataset report (flat_tokens/tools/report.py) as one self-contained HTML page.
 
 Self-contained: no script at all, no network at view time; every figure is inline SVG written
 here by hand (a few bar and line charts do not need matplotlib, and the reader-only install
@@ -268,7 +268,7 @@ def provenance(r: dict) -> str:
              ("storage", esc(", ".join(f"{k} {json.dumps(v)}" for k, v in (p.get("storage") or {}).items()))),
              ("checksums", esc(p["checksums"])),
              # The report reads through the reader, which checks the seal when it opens the dataset
-             # and each object it reads against the manifest (pipeline/read_guard.py).
+             # and each object it reads against the manifest (flat_tokens/read_guard.py).
              ("manifest", esc(f"sealed ({manifest.get('size')} bytes, sha256 {str(manifest.get('sha256'))[:16]}…): "
                               "every object this report read was checked against it; `flat-tokens verify` "
                               "checks every object") if isinstance(manifest, dict) else

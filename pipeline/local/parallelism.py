@@ -5,7 +5,7 @@ One process (Beam's `in_memory` mode) already keeps several cores busy: the toke
 each batch on threads of its own, and the writer compresses chunks on a pool of threads. What
 one process cannot spread is the rest: reading and parsing JSON, the shuffle, the gathering
 of each shard. Several worker processes (`multi_processing`, forked from the launcher:
-pipeline/forked_workers.py) each do all of it for part of the input, and each sizes its
+pipeline/local/forked_workers.py) each do all of it for part of the input, and each sizes its
 threads by its share of the cores (transforms/cores.py).
 
 `--local_parallelism auto` (the default) picks from the cores this process may run on and the

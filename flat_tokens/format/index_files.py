@@ -1,7 +1,7 @@
 """The dedup index's files (transforms/tokenize/dedup_index.py writes them): their names and
 format, and reading them back, without Beam (verify checks them).
 
-An index file is sealed as staged files are (transforms/checksums.py): the payload is
+An index file is sealed as staged files are (flat_tokens/format/checksums.py): the payload is
 `INDEX_MAGIC`, the document count n (uint64 LE), the n 128-bit content digests sorted (16
 bytes each) and the n splits (1 byte each: 0 train, 1 validation).
 """
@@ -11,7 +11,7 @@ import struct
 
 import numpy as np
 
-from transforms.checksums import Damaged, seal, unseal
+from flat_tokens.format.checksums import Damaged, seal, unseal
 
 INDEX_DIRECTORY = "dedup_index"  # inside the dataset (transforms/write/ownership.py knows it as the layout's)
 INDEX_MAGIC = b"FTx1"  # "flat-tokens, exact-text index, version 1"
@@ -60,7 +60,7 @@ def decode_index(data, name: str) -> tuple[np.ndarray, np.ndarray]:
 
 def index_key(name: str) -> str:
     """The key of an index file (a path or URL ending in its name) under the dataset's root:
-    what the dataset's manifest lists it by (transforms/write/manifest.py)."""
+    what the dataset's manifest lists it by (flat_tokens/format/manifest.py)."""
     return f"{INDEX_DIRECTORY}/{posixpath.basename(name)}"
 
 

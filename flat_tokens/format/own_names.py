@@ -6,7 +6,7 @@ records `.flat-tokens-conflict.<run id>` (transforms/write/ownership.py), the st
 `.flat-tokens-staging` (transforms/staging.py), and a rejected-lines directory's probe
 `.flat-tokens-write-check-<run id>` (transforms/write/rejected.py); a create-only write puts
 each under a temporary name `<name>.<uuid>.partial` first (transforms/create_only.py). Scratch
-directories hold an owner record `.flat-tokens-owner` (pipeline/scratch.py).
+directories hold an owner record `.flat-tokens-owner` (pipeline/local/scratch.py).
 
 Those names, and only those, are "ours": `--overwrite` deletes them and input listings treat a
 directory holding one as this tool's output. A name that merely starts with `.flat-tokens-`

@@ -1,4 +1,4 @@
-"""What pipeline.reader checks of the data it serves, as it decodes it (docs/reader.md).
+"""What flat_tokens.reader checks of the data it serves, as it decodes it (docs/reader.md).
 
 A chunk's checksum proves its bytes are the ones written to that key; it cannot prove that
 the split's arrays agree with each other: an `encoded_tokens` shape edited larger serves the
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.read_guard import DatasetError
+from flat_tokens.read_guard import DatasetError
 
 TOKENS = "encoded_tokens"
 SEQ_STARTS = "seq_starts"

@@ -1,6 +1,6 @@
 """Verify a flat-tokens dataset written by this pipeline (see docs: flat-tokens format).
 
-    python -m pipeline.verify PATH_OR_URL [--block N] [--storage_option KEY=VALUE ...]
+    python -m flat_tokens.tools.verify PATH_OR_URL [--block N] [--storage_option KEY=VALUE ...]
 
 Checks, for a dataset at a local path or fsspec URL (file://, gs://, ...), zarr format 2 or 3:
 
@@ -17,12 +17,12 @@ Checks, for a dataset at a local path or fsspec URL (file://, gs://, ...), zarr 
   (``v >> 1``), because this pipeline writes the exact maximum. For an empty split there is
   no maximum to match, so any integer in ``[0, 2**31 - 1]`` is accepted (the pipeline's
   choice, typically 0, is not part of the contract);
-* every chunk matches the checksum it carries (transforms/write/chunk_checksums.py; the
+* every chunk matches the checksum it carries (flat_tokens/format/chunk_checksums.py; the
   scheme is the root attribute ``storage.checksums``): the walk below reads every chunk, and
   each is checked as it is read; a damaged or truncated chunk is named. A dataset written
   before chunks carried checksums is checked as before, and verify says that its chunks
   carry none (a flipped bit there may go unseen);
-* with the dataset's manifest (transforms/write/manifest.py), every object read (metadata and
+* with the dataset's manifest (flat_tokens/format/manifest.py), every object read (metadata and
   chunks) is the one committed under its key, and the manifest and the root attributes match
   their seal; a dataset without one is checked as before, and verify says so. Shapes far beyond
   the stats, or more data objects than this tool writes, stop a split before anything is
@@ -50,14 +50,15 @@ import fsspec
 import numpy as np
 import zarr
 
-from pipeline import VERSION, read_guard
-from transforms import storage_faults
-from transforms.gcs import close_gcs_sessions_at_exit
-from transforms.own_names import is_own_name
-from transforms.tokenize.index_files import index_problems
-from transforms.write import chunk_checksums
-from transforms.write.chunk_objects import chunk_objects, missing_objects
-from transforms.write.ownership import conflicts, refusals
+from flat_tokens import VERSION
+from flat_tokens import read_guard
+from flat_tokens.format import storage_faults
+from flat_tokens.format.gcs import close_gcs_sessions_at_exit
+from flat_tokens.format.own_names import is_own_name
+from flat_tokens.format.index_files import index_problems
+from flat_tokens.format import chunk_checksums
+from flat_tokens.format.chunk_objects import chunk_objects, missing_objects
+from flat_tokens.format.claims import conflicts, refusals
 
 # After `import zarr`, so gcsfs sessions on zarr's event loop close before zarr stops it.
 close_gcs_sessions_at_exit()
@@ -130,7 +131,7 @@ def check_dataset(url: str, *, block: int = DEFAULT_BLOCK, storage_options: dict
         problems.append(f"root attribute storage.checksums is {scheme!r}: a checksum scheme this version does not "
                         f"know ({', '.join(chunk_checksums.SCHEMES)}); its chunks cannot be checked")
         scheme = None
-    # Read again through the store that checks each chunk as it is read (pipeline/read_guard.py),
+    # Read again through the store that checks each chunk as it is read (flat_tokens/read_guard.py),
     # and every object against the manifest when the dataset has one.
     try:
         root = read_guard.open_group(url, storage_options)
@@ -579,7 +580,8 @@ def summary_line(problems: list[str], summaries: dict[str, SplitSummary]) -> str
     return "OK: " + ", ".join(parts)
 
 
-def _storage_option(text: str) -> tuple[str, object]:
+def storage_option(text: str) -> tuple[str, object]:
+    """The argparse type of every reading command's --storage_option KEY=VALUE (export's too)."""
     key, sep, value = text.partition("=")
     if not sep or not key:
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
@@ -603,7 +605,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--version", action="version", version=VERSION)
     ap.add_argument("--block", type=_positive_int, default=DEFAULT_BLOCK,
                     help=f"tokens (and seq_starts entries) read at a time; bounds memory (default {DEFAULT_BLOCK})")
-    ap.add_argument("--storage_option", type=_storage_option, action="append", default=[],
+    ap.add_argument("--storage_option", type=storage_option, action="append", default=[],
                     metavar="KEY=VALUE", help="fsspec storage option, repeatable; VALUE is parsed as JSON if it can be")
     return ap.parse_args(argv)
 
@@ -636,5 +638,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from pipeline.cli import run_command
+    from flat_tokens.tools.cli import run_command
     sys.exit(run_command(main))

@@ -10,8 +10,6 @@ directory is walked entry by entry. Other filesystems use fsspec's own calls.
 """
 import os
 
-from transforms import create_only
-
 PAGE = 1000  # objects per listing page: GCS's maximum
 
 
@@ -23,6 +21,26 @@ def _is_gcs(fs) -> bool:
 def _is_local(fs) -> bool:
     protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
     return protocol in ("file", "local")
+
+
+def identity(fs, path: str) -> tuple | None:
+    """What tells this object from another at the same path, or None when there is none."""
+    if _is_local(fs):
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            return None
+        return (st.st_ino, st.st_mtime_ns, st.st_size)
+    fs.invalidate_cache(path)
+    try:
+        info = fs.info(path)
+    except FileNotFoundError:
+        return None
+    if info.get("type") == "directory":
+        return None
+    generation = info.get("generation")
+    return ("generation", str(generation)) if generation else ("etag", str(info.get("etag") or info.get("ETag")),
+                                                                 info.get("size"))
 
 
 def _gcs_pages(fs, path: str, fields: str, page: int = PAGE):
@@ -117,7 +135,7 @@ def _walk_with_identities(fs, path: str, page: int):
             yield entries
         return
     for entries in walk_tree(fs, path, page):
-        yield [(relative, is_dir, None if is_dir else create_only.identity(fs, f"{path.rstrip('/')}/{relative}"))
+        yield [(relative, is_dir, None if is_dir else identity(fs, f"{path.rstrip('/')}/{relative}"))
                for relative, is_dir in entries]
 
 

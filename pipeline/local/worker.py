@@ -31,7 +31,7 @@ def command(environment: dict | None = None) -> str:
     """The shell command that starts one of these workers (what Beam starts, with this
     module), with `environment`'s variables set."""
     assignments = "".join(f"{name}={shlex.quote(value)} " for name, value in (environment or {}).items())
-    return f"{assignments}{shlex.quote(sys.executable)} -m pipeline.worker"
+    return f"{assignments}{shlex.quote(sys.executable)} -m pipeline.local.worker"
 
 
 def run_our_workers(pipeline_proto, environment: dict | None = None) -> None:

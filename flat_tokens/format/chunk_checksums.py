@@ -20,7 +20,7 @@ One scheme per zarr format and codec, recorded in the dataset's provenance (root
   `.zarray` has `"compressor": null, "filters": [blosc, crc32]`, which every numcodecs reads
   (its `crc32c` filter came only with 0.14).
 
-The stored bytes of a chunk are checked here, where they are read (pipeline/read_guard.py);
+The stored bytes of a chunk are checked here, where they are read (flat_tokens/read_guard.py);
 zarr itself also checks the `crc32c` and `crc32` codecs as it decodes.
 Datasets written before this had no scheme (None): they are read as ever, unchecked, and
 `flat-tokens verify` says so.
@@ -32,7 +32,7 @@ from __future__ import annotations
 import struct
 import zlib
 
-from transforms.checksums import Sum, crc32c
+from flat_tokens.format.checksums import Sum, crc32c
 
 ZSTD_FRAME = "zstd+crc32c-frame"
 CRC32C = "crc32c"

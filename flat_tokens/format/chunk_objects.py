@@ -14,7 +14,7 @@ Pure key arithmetic on the metadata's JSON (`.zarray` or `zarr.json`, or zarr's
 """
 from dataclasses import dataclass
 
-from transforms.write.object_trees import walk_tree
+from flat_tokens.format.object_trees import walk_tree
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Reading a flat-tokens dataset in a trainer (see docs: flat-tokens format).
 
-    from pipeline.reader import FlatTokensSplit, open_dataset
+    from flat_tokens.reader import FlatTokensSplit, open_dataset
 
     train = FlatTokensSplit("out/sample.zarr", "train")        # or "gs://bucket/ds.zarr"
     len(train), train.num_tokens, train.max_token_id
@@ -15,13 +15,13 @@
 
 Only a committed dataset opens (root attributes ``format == "flat-tokens"`` and
 ``complete is True``); anything else raises DatasetError. Reads never serve zeros, damaged
-data or another dataset's data (pipeline/read_guard.py): a missing chunk raises
+data or another dataset's data (flat_tokens/read_guard.py): a missing chunk raises
 MissingChunk, a chunk that does not match the checksum it carries (or cannot be decoded)
 raises CorruptChunk naming it, and a dataset deleted or replaced after it was opened raises
 DatasetReplaced at the next read. Nor do they serve arrays that disagree with each other: a
 shape that does not match seq_starts' end, a seq_starts read that does not increase or whose
 boundaries carry no start bit, an id above max_token_id raise InconsistentData naming the
-array and index (pipeline/served_checks.py). Opening reads metadata (and seq_starts' first
+array and index (flat_tokens/served_checks.py). Opening reads metadata (and seq_starts' first
 and last entries) only;
 every access reads exactly the slices it needs, so memory stays bounded whatever the size of
 the dataset, and random access is O(1) in it. Nothing is cached: a FlatTokensSplit holds no
@@ -35,7 +35,7 @@ few MB, each chunk once. ``for ids in split`` (or ``iter_sequences(start, stop)`
 ``iter_encoded``) yields every sequence whole, however many chunks or blocks it spans.
 ``packed_batches(L, B, seed=, start_step=)`` yields shuffled (inputs, targets) batches of
 full windows: contiguous blocks of windows in a seeded permutation, each row of the batch a
-lane that serves its own slice of them in a seeded order (pipeline/batch_order.py). Every
+lane that serves its own slice of them in a seeded order (flat_tokens/batch_order.py). Every
 permutation is keyed by (seed, epoch, piece, lane) alone, so batch k is a pure function of
 (seed, k), whatever the number of hosts, and ``start_step=k`` resumes at batch k without
 reading what comes before it. The stream runs epoch after epoch (each epoch every full window
@@ -64,12 +64,13 @@ from typing import NamedTuple
 import numpy as np
 import zarr
 
-from pipeline import read_guard, served_checks, verify
-from pipeline.batch_order import BatchOrder, Piece, host_rows
-from pipeline.read_guard import CorruptChunk, DatasetError, DatasetReplaced, MissingChunk, RunGuard  # noqa: F401 (API)
-from pipeline.served_checks import InconsistentData  # noqa: F401 (API)
-from transforms.storage_faults import StorageUnavailable  # noqa: F401 (API: the store is unreachable; retry later)
-from transforms.write import chunk_checksums
+from flat_tokens import read_guard, served_checks
+from flat_tokens.tools import verify
+from flat_tokens.batch_order import BatchOrder, Piece, host_rows
+from flat_tokens.read_guard import CorruptChunk, DatasetError, DatasetReplaced, MissingChunk, RunGuard  # noqa: F401 (API)
+from flat_tokens.served_checks import InconsistentData  # noqa: F401 (API)
+from flat_tokens.format.storage_faults import StorageUnavailable  # noqa: F401 (API: the store is unreachable; retry later)
+from flat_tokens.format import chunk_checksums
 
 SPLITS = ("train", "validation")
 TOKENS = "encoded_tokens"
@@ -132,7 +133,8 @@ def _index(i, n: int, what: str) -> int:
     return k
 
 
-def _positive(length) -> int:
+def window_length(length) -> int:
+    """A window length as a positive int (blend and loaders check theirs so too); ValueError otherwise."""
     k = int(length)
     if k != length or k < 1:
         raise ValueError(f"window length must be a positive integer, got {length!r}")
@@ -183,7 +185,7 @@ class Batch(NamedTuple):
     sources: np.ndarray | None = None
 
 
-def _batch(windows: np.ndarray, sources: np.ndarray | None, with_segments: bool):
+def batch_of(windows: np.ndarray, sources: np.ndarray | None, with_segments: bool):
     """(inputs, targets), or a Batch when segments or sources were asked for."""
     inputs, targets = inputs_targets(windows)
     if not with_segments and sources is None:
@@ -192,7 +194,7 @@ def _batch(windows: np.ndarray, sources: np.ndarray | None, with_segments: bool)
     return Batch(inputs, targets, segment_ids, positions, sources)
 
 
-def _count(value, what: str, minimum: int = 1) -> int:
+def checked_count(value, what: str, minimum: int = 1) -> int:
     """value as an int >= minimum; anything else raises TypeError or ValueError naming it."""
     try:
         k = operator.index(value)
@@ -242,7 +244,7 @@ class LaneStream:
     """One lane of a split's BatchOrder (one row of every global batch), served by step as steps
     rise, read piece by piece (the next piece in the background, by `pool`). `wanted`
     (serves_steps) marks the steps this process serves: only their windows are read. Used by
-    FlatTokensSplit.packed_batches and by pipeline.blend."""
+    FlatTokensSplit.packed_batches and by flat_tokens.blend."""
 
     def __init__(self, split: "FlatTokensSplit", order: BatchOrder, lane: int, length: int,
                  pool: ThreadPoolExecutor, with_sources: bool = False, total: int | None = None, wanted=None):
@@ -342,7 +344,7 @@ class FlatTokensSplit:
         self._checks = self._check_ends()
 
     def _check_ends(self) -> served_checks.SplitChecks:
-        """The checks of what this split serves (pipeline/served_checks.py), after the first
+        """The checks of what this split serves (flat_tokens/served_checks.py), after the first
         one: seq_starts begins at 0 and ends at the token count, so the arrays' shapes agree
         with the data (a shape edited larger would serve zeros, smaller would never end)."""
         checks = served_checks.SplitChecks(self.url, self.split, self.num_tokens, self.num_sequences,
@@ -416,7 +418,7 @@ class FlatTokensSplit:
 
     def _range(self, start, stop) -> tuple[int, int]:
         stop = self.num_sequences if stop is None else stop
-        start, stop = _count(start, "start", 0), _count(stop, "stop", 0)
+        start, stop = checked_count(start, "start", 0), checked_count(stop, "stop", 0)
         if not start <= stop <= self.num_sequences:
             raise IndexError(f"sequence range [{start}, {stop}) not within [0, {self.num_sequences}]")
         return start, stop
@@ -545,7 +547,7 @@ class FlatTokensSplit:
     # -- packed access --------------------------------------------------------------------------
     def num_windows(self, length: int, partial: bool = False) -> int:
         """Full windows of `length` tokens; with partial=True, plus the shorter last one if any."""
-        length = _positive(length)
+        length = window_length(length)
         full, rest = divmod(self.num_tokens, length)
         return full + (1 if partial and rest else 0)
 
@@ -553,7 +555,7 @@ class FlatTokensSplit:
         """Encoded window i: ``encoded_tokens[i*length:(i+1)*length]`` (one read, uint32).
 
         Full windows only unless partial=True, which also serves the last, shorter window."""
-        length = _positive(length)
+        length = window_length(length)
         k = _index(i, self.num_windows(length, partial), f"window (length {length})")
         return self._read(self._tokens, k * length, min(self.num_tokens, (k + 1) * length))
 
@@ -567,7 +569,7 @@ class FlatTokensSplit:
 
         With segments=True or sources=True, a Batch that also holds segment_ids and positions
         (see `segments`) or each token's source id."""
-        length = _positive(length)
+        length = window_length(length)
         if sources:
             self._need_sources()
         indices = list(indices)
@@ -581,7 +583,7 @@ class FlatTokensSplit:
                 token_sources[row] = self._token_sources(windows[row], k * length, firsts)
         if indices:
             self._guard.check()  # once for the batch: every window read before it is the opened run's
-        return _batch(windows, token_sources, segments)
+        return batch_of(windows, token_sources, segments)
 
     def packed_batches(self, length: int, batch_size: int, *, seed: int = 0, start_step: int = 0,
                        epochs: int | None = None, rank: int = 0, world_size: int = 1, segments: bool = False,
@@ -591,7 +593,7 @@ class FlatTokensSplit:
         (batch_size / world_size, length).
 
         Global batch k is a pure function of (seed, k) and the arguments other than rank and
-        world_size: row j of every batch is lane j's window (pipeline/batch_order.py). Each
+        world_size: row j of every batch is lane j's window (flat_tokens/batch_order.py). Each
         epoch the m = num_windows // batch_size windows of lane j are the slice [j*m, (j+1)*m)
         of the epoch's shuffled sequence of blocks (the num_windows % batch_size left over sit
         out that epoch, a different few each epoch), served in a seeded order; an epoch is m
@@ -616,20 +618,20 @@ class FlatTokensSplit:
         max(buffer_blocks, batch_size) / world_size bytes (256 MB with the defaults and
         batch_size <= 32 on one host). The order depends on block_tokens and buffer_blocks:
         resume with the same values."""
-        length = _positive(length)
-        batch_size = _count(batch_size, "batch_size")
-        start_step = _count(start_step, "start_step", 0)
+        length = window_length(length)
+        batch_size = checked_count(batch_size, "batch_size")
+        start_step = checked_count(start_step, "start_step", 0)
         lanes = host_rows(batch_size, rank, world_size)
         if sources:
             self._need_sources()
         if epochs is not None:
-            epochs = _count(epochs, "epochs", 0)
+            epochs = checked_count(epochs, "epochs", 0)
         order = self._batch_order(length, batch_size, seed, block_tokens, buffer_blocks)
         return self._packed_batches(order, length, lanes, start_step, epochs, segments, sources)
 
     def _batch_order(self, length: int, batch_size: int, seed, block_tokens, buffer_blocks) -> BatchOrder:
         """The window order of packed_batches; ValueError when a lane would get no window."""
-        seed = _count(seed, "seed", 0)
+        seed = checked_count(seed, "seed", 0)
         if seed >= 1 << 64:
             raise ValueError(f"seed must be < 2**64, got {seed}")
         n = self.num_windows(length)
@@ -638,8 +640,8 @@ class FlatTokensSplit:
                 f"holds {n} full windows of {length} tokens, fewer than batch_size {batch_size}"
             raise ValueError(f"{self.url}:{self.split} {held} ({self.num_tokens} tokens): there is nothing to "
                              f"serve{'' if n == 0 else ' to every row of a batch'}")
-        lane_blocks = max(1, _count(buffer_blocks, "buffer_blocks") // batch_size)
-        return BatchOrder(n, batch_size, max(1, _count(block_tokens, "block_tokens") // length), lane_blocks, seed)
+        lane_blocks = max(1, checked_count(buffer_blocks, "buffer_blocks") // batch_size)
+        return BatchOrder(n, batch_size, max(1, checked_count(block_tokens, "block_tokens") // length), lane_blocks, seed)
 
     def _packed_batches(self, order: BatchOrder, length: int, lanes: range, start_step: int, epochs: int | None,
                         with_segments: bool, with_sources: bool, every: int = 1) -> Iterator:
@@ -666,7 +668,7 @@ class FlatTokensSplit:
                     if with_sources:
                         token_sources[:, row] = lane_sources
                 for t in range(steps.size):
-                    yield _batch(windows[t], None if token_sources is None else token_sources[t], with_segments)
+                    yield batch_of(windows[t], None if token_sources is None else token_sources[t], with_segments)
                 step += every * steps.size
         finally:
             pool.shutdown(wait=True, cancel_futures=True)

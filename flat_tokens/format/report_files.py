@@ -9,10 +9,11 @@ import re
 import fsspec
 from fsspec.core import url_to_fs
 
-from transforms.read.inputs import PARQUET, format_of
 
 PARQUET_SUFFIX, JSONL_SUFFIX = ".parquet", ".jsonl"
 EARLIER = "earlier"  # the match of a row --dedup_against removed: an exact copy of a text an earlier dataset holds
+# The names the pipeline reads as Parquet input (transforms/read/inputs.py: PARQUET_SUFFIXES).
+INPUT_PARQUET_SUFFIXES = (".parquet", ".pq")
 COLUMNS = ("removed_file", "removed_offset", "removed_digest", "kept_file", "kept_offset", "kept_digest", "match",
            "estimated_similarity", "similarity")
 
@@ -79,7 +80,7 @@ def read_report(url: str, run_id: str, storage_options: dict | None = None) -> l
 def document_at(url: str, offset: int, text_key: str = "text", storage_options: dict | None = None) -> str:
     """The text of the document a report row names: the JSON line at a byte offset (of an
     uncompressed JSONL file), or a Parquet file's row."""
-    if format_of(url) == PARQUET:
+    if url.lower().endswith(INPUT_PARQUET_SUFFIXES):
         import pyarrow.parquet as pq
         with fsspec.open(url, "rb", **(storage_options or {})) as f:
             return str(pq.read_table(f, columns=[text_key]).column(0)[offset].as_py())

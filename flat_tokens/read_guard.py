@@ -1,4 +1,4 @@
-"""Reads that never serve zeros or another dataset's data (for pipeline.reader).
+"""Reads that never serve zeros or another dataset's data (for flat_tokens.reader).
 
 zarr reads a chunk that is not in the store as the array's fill value: a lost chunk, or a
 dataset deleted under an open reader, would come back as token id 0, silently. A flipped bit
@@ -11,13 +11,13 @@ old run's. Three guards, one for each:
   raises MissingChunk (metadata documents may be absent: zarr asks for some that a format
   does not have). The read that finds the chunk missing costs nothing more.
 * The same store checks each chunk it reads whole against the checksum the chunk carries
-  (`check_chunks`, transforms/write/chunk_checksums.py: a CRC-32C of its stored bytes, so
+  (`check_chunks`, flat_tokens/format/chunk_checksums.py: a CRC-32C of its stored bytes, so
   every flipped bit is found), and raises CorruptChunk naming the chunk and the dataset.
   zarr checks the crc32c/crc32 codecs itself as it decodes; with
   zarr 3 sharding it reads inner chunks by byte range, and only zarr checks those. `read`
   names the chunk whatever zarr raised (a truncated chunk of a dataset written before chunks
   carried checksums raised a bare RuntimeError).
-* With the dataset's manifest (transforms/write/manifest.py; `open_group` loads it and checks
+* With the dataset's manifest (flat_tokens/format/manifest.py; `open_group` loads it and checks
   its seal), the same store checks every object it reads against its own key's entry before
   zarr uses it: metadata as zarr opens groups and arrays, chunks as they are read, and a
   zarr 3 shard whole (once) before its inner chunks are served by byte range. So a chunk in
@@ -50,9 +50,9 @@ from fsspec.core import url_to_fs
 from zarr.abc.store import OffsetByteRequest, RangeByteRequest, SuffixByteRequest
 from zarr.storage import FsspecStore, LocalStore, WrapperStore
 
-from transforms import storage_faults
-from transforms.storage_faults import StorageUnavailable  # noqa: F401 (API: the store is unreachable)
-from transforms.write import array_metadata, chunk_checksums, manifest
+from flat_tokens.format import storage_faults
+from flat_tokens.format.storage_faults import StorageUnavailable  # noqa: F401 (API: the store is unreachable)
+from flat_tokens.format import array_metadata, chunk_checksums, manifest
 
 # Keys zarr may ask for that need not exist; every other key of a split is a chunk (or shard).
 METADATA_KEYS = frozenset({".zarray", ".zattrs", ".zgroup", ".zmetadata", "zarr.json"})
@@ -157,7 +157,7 @@ class ChunksMustExist(WrapperStore):
     def check_chunks(self, array_path: str, scheme: str | None) -> None:
         """From now on, every chunk of the array at `array_path` (e.g. "train/encoded_tokens")
         read whole is checked against its checksum under `scheme`
-        (transforms/write/chunk_checksums.py); None: not checked."""
+        (flat_tokens/format/chunk_checksums.py); None: not checked."""
         self._checksums[array_path.strip("/")] = scheme
 
     def _missing(self, key: str) -> MissingChunk:
@@ -177,7 +177,7 @@ class ChunksMustExist(WrapperStore):
 
     def _refuse_unsupported(self, key: str, data) -> None:
         """An array's metadata that names a codec or dtype this format does not use is refused
-        before zarr builds anything from it (transforms/write/array_metadata.py)."""
+        before zarr builds anything from it (flat_tokens/format/array_metadata.py)."""
         try:
             document = json.loads(bytes(data))
         except ValueError as e:
@@ -242,7 +242,7 @@ class ChunksMustExist(WrapperStore):
     async def _fetch(self, key: str, prototype, byte_range, judge):
         """The object's bytes, read again while they fail `judge` (an object store's response may
         be cut short in transit) and retried while the store fails at the transport, within
-        its patience (transforms/storage_faults.py): only bytes wrong on a fresh read are judged."""
+        its patience (flat_tokens/format/storage_faults.py): only bytes wrong on a fresh read are judged."""
         return await storage_faults.read_async(lambda: self._store.get(key, prototype, byte_range),
                                                f"{self._url.rstrip('/')}/{key}", judge, self.rereads)
 
@@ -396,7 +396,7 @@ class RunGuard:
 
 def load_manifest(url: str, storage_options: dict | None = None) -> manifest.Manifest | None:
     """The committed dataset's manifest, checked against the seal in its root attributes
-    (transforms/write/manifest.py); None for a dataset committed before manifests. Raises
+    (flat_tokens/format/manifest.py); None for a dataset committed before manifests. Raises
     DatasetError when the manifest or the root attributes were edited, or one is missing."""
     fs, path = url_to_fs(url, **dict(storage_options or {}))
     path = path.rstrip("/")

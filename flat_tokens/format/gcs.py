@@ -4,7 +4,7 @@ sessions closed at exit on the event loops that own them.
 Every module that imports zarr or fsspec and may open gs:// files imports this one (which
 applies the emulator settings on import, before gcsfs is imported) and calls
 close_gcs_sessions_at_exit() after its imports. fsspec and the standard library only, so
-that a trainer importing pipeline.reader needs nothing of the pipeline's input stack
+that a trainer importing flat_tokens.reader needs nothing of the pipeline's input stack
 (zstandard, Beam).
 """
 import asyncio
@@ -15,7 +15,7 @@ import weakref
 
 import fsspec
 
-from transforms import storage_faults
+from flat_tokens.format import storage_faults
 
 # ---------------------------------------------------------------------------------------------
 # A local GCS emulator
@@ -41,7 +41,7 @@ def use_gcs_emulator_plainly() -> bool:
 
 
 use_gcs_emulator_plainly()
-storage_faults.use_request_timeout()  # no request waits forever (transforms/storage_faults.py)
+storage_faults.use_request_timeout()  # no request waits forever (flat_tokens/format/storage_faults.py)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,8 +1,8 @@
 """Train-time blending: packed batches drawn from several splits (of one or several
 datasets) in chosen proportions, without writing a new dataset.
 
-    from pipeline.blend import Blend
-    from pipeline.reader import FlatTokensSplit
+    from flat_tokens.blend import Blend
+    from flat_tokens.reader import FlatTokensSplit
 
     blend = Blend([FlatTokensSplit("web.zarr"), FlatTokensSplit("code.zarr")], weights=[0.7, 0.3], seed=0)
     for inputs, targets in blend.packed_batches(2048, 32, start_step=step): ...
@@ -38,9 +38,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from pipeline.batch_order import host_rows
-from pipeline.reader import (BLOCK_TOKENS, BUFFER_BLOCKS, READ_THREADS, FlatTokensSplit, LaneStream, _batch, _count,
-                             _positive)
+from flat_tokens.batch_order import host_rows
+from flat_tokens.reader import (BLOCK_TOKENS, BUFFER_BLOCKS, READ_THREADS, FlatTokensSplit, LaneStream, batch_of, checked_count,
+                             window_length)
 
 _BLEND = 3  # the purpose word of the per-split seeds (reader's permutations use 1 and 2)
 
@@ -130,7 +130,7 @@ class Blend:
             values = [v / top for v in values]
             total = sum(values)
         self.weights = [v / total for v in values]  # as Megatron normalises them
-        self.seed = _count(seed, "seed", 0)
+        self.seed = checked_count(seed, "seed", 0)
         if self.seed >= 1 << 64:
             raise ValueError(f"seed must be < 2**64, got {seed}")
 
@@ -159,9 +159,9 @@ class Blend:
         lane's windows, and every batch's rows, hold each split's share (see the module's doc).
         ``sources=True`` makes each batch a Batch whose `sources` holds, for every token, the
         index of the split it came from (in `splits`)."""
-        length = _positive(length)
-        batch_size = _count(batch_size, "batch_size")
-        start_step = _count(start_step, "start_step", 0)
+        length = window_length(length)
+        batch_size = checked_count(batch_size, "batch_size")
+        start_step = checked_count(start_step, "start_step", 0)
         lanes = host_rows(batch_size, rank, world_size)
         orders = self._orders(length, batch_size, block_tokens, buffer_blocks)
         if len(self.splits) >= 1 << 16 and sources:
@@ -204,7 +204,7 @@ class Blend:
                         windows[row] = streams[i][row].windows(counts[row, i:i + 1])[0][0]
                     token_sources = np.repeat(chosen.astype(np.uint16)[:, None], length, axis=1) if with_sources \
                         else None
-                    yield _batch(windows, token_sources, with_segments)
+                    yield batch_of(windows, token_sources, with_segments)
                 counts[at, chosen] += 1
                 step += 1
         finally:

@@ -4,13 +4,13 @@
                        [--sample_tokens N] [--sample_sequences N] [--summary SUMMARY_JSON]
                        [--rejected DIR] [--dedup_report DIR_OR_FILE] [--storage_option KEY=VALUE ...]
 
-DATASET and PATH are local paths or fsspec URLs (gs://, ...). The page (pipeline/report_html.py)
+DATASET and PATH are local paths or fsspec URLs (gs://, ...). The page (flat_tokens/tools/report_html.py)
 needs nothing at view time: no script, no network; every figure is inline SVG.
 
 Bounded work, whatever the dataset's size: the counts come from the dataset's metadata and its
 root attributes (stats, mixture, provenance); the distributions (sequence lengths, per-source
 lengths, token-id frequencies) come from a sample of fixed size, read through the project's
-reader (pipeline/reader.py), which checks every chunk's checksum:
+reader (flat_tokens/reader.py), which checks every chunk's checksum:
 
 * lengths: up to --sample_sequences sequences per split, in SAMPLE_RANGES contiguous runs spread
   evenly over the split (all of them when the split has no more);
@@ -36,10 +36,10 @@ from collections import Counter
 import fsspec
 import numpy as np
 
-from pipeline import VERSION
-from pipeline.inspect import LengthDistribution, NoTokenizers, choose_decoder, storage_bytes
-from pipeline.reader import SPLITS, DatasetError, FlatTokensSplit, decode, open_dataset
-from transforms.tokenize.report_files import COLUMNS, read_report_file, row_texts, run_report_files
+from flat_tokens import VERSION
+from flat_tokens.tools.inspect import LengthDistribution, NoTokenizers, choose_decoder, storage_bytes
+from flat_tokens.reader import SPLITS, DatasetError, FlatTokensSplit, decode, open_dataset
+from flat_tokens.format.report_files import COLUMNS, read_report_file, row_texts, run_report_files
 
 USAGE_ERROR = 2
 SAMPLE_RANGES = 16
@@ -388,7 +388,7 @@ def write_html(text: str, path: str, storage_options: dict | None) -> None:
 
 def make_report(dataset: str, html_path: str, argv: list[str] | None = None, summary: dict | None = None) -> dict:
     """Writes the report of `dataset` to html_path (for `flat-tokens run --report`); returns it."""
-    from pipeline.report_html import render
+    from flat_tokens.tools.report_html import render
     args = parse_args([dataset, "--html", html_path, *(argv or [])])
     args.summary_data = summary
     report = collect(args)
@@ -446,7 +446,7 @@ def parse_args(argv):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from pipeline.report_html import render
+    from flat_tokens.tools.report_html import render
     try:
         report = collect(args)
     except (DatasetError, ValueError) as e:
@@ -464,5 +464,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from pipeline.cli import run_command
+    from flat_tokens.tools.cli import run_command
     sys.exit(run_command(main))

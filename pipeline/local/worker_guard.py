@@ -6,7 +6,7 @@ Beam's default runner starts each worker with the command and sends it work; whe
 command fails (`exec: ... not found`, exit 127) or the worker dies, the runner only logs
 `Worker subprocess exited with return code 127` on a thread of its own and waits forever for
 the worker's answers. So the launcher wraps the command (`wrap`): each worker is started by
-`python -m pipeline.worker_guard REPORT_DIR COMMAND`, which runs COMMAND, passes its stderr
+`python -m pipeline.local.worker_guard REPORT_DIR COMMAND`, which runs COMMAND, passes its stderr
 through while keeping the last lines, and, should it end with an error, leaves a report (its
 return code and those lines) in REPORT_DIR, on the launcher's disk: the wrapper runs beside
 the launcher, outside whatever namespace or container COMMAND enters. The launcher's
@@ -27,7 +27,7 @@ TAIL_LINES = 20
 
 def wrap(command: str, report_dir: str) -> str:
     """The shell command that starts `command` under this guard."""
-    return f"{shlex.quote(sys.executable)} -m pipeline.worker_guard {shlex.quote(report_dir)} {shlex.quote(command)}"
+    return f"{shlex.quote(sys.executable)} -m pipeline.local.worker_guard {shlex.quote(report_dir)} {shlex.quote(command)}"
 
 
 def reports(report_dir: str) -> list[dict]:

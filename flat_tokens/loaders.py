@@ -1,9 +1,9 @@
 """What data loaders need from the reader, with neither torch nor jax: a packed-batch stream
 that DataLoader workers split among themselves, with state for resuming, and a map-style
-source of sequences. pipeline/torch_data.py and pipeline/jax_data.py are the thin framework
+source of sequences. flat_tokens/torch_data.py and flat_tokens/jax_data.py are the thin framework
 layers on top (docs/training.md shows both in use).
 
-    from pipeline.loaders import PackedBatchStream, SequenceSource
+    from flat_tokens.loaders import PackedBatchStream, SequenceSource
 
     stream = PackedBatchStream(split, 2048, 32, seed=0, rank=rank, world_size=world_size)
     for inputs, targets in stream: ...                 # host `rank`'s packed_batches, as is
@@ -15,7 +15,7 @@ item from each worker in turn (worker 0, 1, ..., K-1, 0, ...). So worker j servi
 j, j+K, j+2K, ... of the host's stream makes the loader's output exactly that stream, batch
 by batch; every item is a whole batch (use `batch_size=None`). A worker reads only the windows
 of its steps: the order deals each lane piece's windows to the steps by phase (bit-reversed
-step % 8, pipeline/batch_order.py), so for K = 1, 2, 4 or 8 a worker's steps take a contiguous
+step % 8, flat_tokens/batch_order.py), so for K = 1, 2, 4 or 8 a worker's steps take a contiguous
 1/K of every piece, and the K workers read the host's share about once in all (measured: 2
 ranks x 2 workers, 0.25 of the split each). A blend's workers still read most of the host's
 share each (the splits' lanes advance by the blend's choices, not by step).
@@ -34,9 +34,9 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from pipeline.blend import Blend
-from pipeline.batch_order import host_rows
-from pipeline.reader import BLOCK_TOKENS, BUFFER_BLOCKS, FlatTokensSplit, _count, _positive
+from flat_tokens.blend import Blend
+from flat_tokens.batch_order import host_rows
+from flat_tokens.reader import BLOCK_TOKENS, BUFFER_BLOCKS, FlatTokensSplit, checked_count, window_length
 
 STATE_VERSION = 1
 
@@ -55,13 +55,13 @@ class PackedBatchStream:
         if not isinstance(data, (Blend, FlatTokensSplit)):
             raise TypeError(f"data must be a FlatTokensSplit or a Blend, got {type(data).__name__}")
         self.data = data
-        self.length, self.batch_size = _positive(length), _count(batch_size, "batch_size")
+        self.length, self.batch_size = window_length(length), checked_count(batch_size, "batch_size")
         self.lanes = host_rows(self.batch_size, rank, world_size)  # this host's rows of every global batch
         self.rank, self.world_size, self.rows = operator.index(rank), operator.index(world_size), len(self.lanes)
         self.seed, self.epochs = seed, epochs
         self.options = {"segments": bool(segments), "sources": bool(sources), "block_tokens": block_tokens,
                         "buffer_blocks": buffer_blocks}
-        self._batches(_count(start_step, "start_step", 0), 1)  # checks every argument now, reads nothing
+        self._batches(checked_count(start_step, "start_step", 0), 1)  # checks every argument now, reads nothing
         self._next = start_step  # the next step this copy serves
         self._worker: tuple[int, int] | None = None  # (worker, num_workers) once iterated as one
 
@@ -75,7 +75,7 @@ class PackedBatchStream:
             return self.data._batches(orders, self.length, self.lanes, first, o["segments"], o["sources"], every)
         if o["sources"]:
             self.data._need_sources()
-        epochs = None if self.epochs is None else _count(self.epochs, "epochs", 0)
+        epochs = None if self.epochs is None else checked_count(self.epochs, "epochs", 0)
         order = self.data._batch_order(self.length, self.batch_size, self.seed, o["block_tokens"], o["buffer_blocks"])
         return self.data._packed_batches(order, self.length, self.lanes, first, epochs, o["segments"], o["sources"],
                                          every)
@@ -84,8 +84,8 @@ class PackedBatchStream:
         """The batches data loader worker `worker` of `num_workers` serves: from where this copy
         stands (start_step or a loaded state), every num_workers-th step of the host's stream,
         this worker's first. Interleaved worker by worker, they are the host's stream."""
-        num_workers = _count(num_workers, "num_workers")
-        worker = _count(worker, "worker", 0)
+        num_workers = checked_count(num_workers, "num_workers")
+        worker = checked_count(worker, "worker", 0)
         if worker >= num_workers:
             raise ValueError(f"worker must be in [0, num_workers) = [0, {num_workers}), got {worker}")
         if self._worker is None or self._worker == (0, 1):
@@ -154,7 +154,7 @@ class SequenceSource:
 
     def __init__(self, split: FlatTokensSplit, max_length: int | None = None):
         self.split = split
-        self.max_length = None if max_length is None else _count(max_length, "max_length")
+        self.max_length = None if max_length is None else checked_count(max_length, "max_length")
 
     def __len__(self) -> int:
         return len(self.split)

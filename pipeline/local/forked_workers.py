@@ -6,7 +6,7 @@ Beam, numpy, zarr and this package again, and loads the tokenizer again (fastoke
 HF tokenizers for the guard), ~1.5-3 s of CPU per worker before its first element, and for
 N workers N times (docs/performance.md, "Performance IV"). A worker forked from the
 launcher has all of it already, in pages it shares copy-on-write, and starts in
-milliseconds. It is the same SDK harness (pipeline/worker.py): it connects to the runner's
+milliseconds. It is the same SDK harness (pipeline/local/worker.py): it connects to the runner's
 control endpoint, and elements, state and side inputs cross the runner over gRPC as before.
 
 A process must not fork once gRPC runs threads in it: their locks may be held, and the
@@ -22,7 +22,7 @@ another. (The per-process tokenizer cache is inherited: the same tokenizer, chec
 sha256 as the DoFn asks for it.) Fresh interpreters in mount namespaces of their own, where
 nothing the launcher held can reach a worker, are still tested (tests/test_cluster.py).
 
-Linux only; `FLAT_TOKENS_FORK_WORKERS=0` starts Beam's way instead (pipeline/worker.py).
+Linux only; `FLAT_TOKENS_FORK_WORKERS=0` starts Beam's way instead (pipeline/local/worker.py).
 """
 import gc
 import json
@@ -38,7 +38,8 @@ from apache_beam.portability.api import endpoints_pb2
 from apache_beam.runners.portability.fn_api_runner import worker_handlers
 from google.protobuf import json_format, text_format
 
-from pipeline import logs, worker
+from pipeline import logs
+from pipeline.local import worker
 
 URN = "flat-tokens:env:forked_python_worker:v1"
 SWITCH = "FLAT_TOKENS_FORK_WORKERS"  # "0": start workers as new interpreters, Beam's way
@@ -170,7 +171,7 @@ def _run_worker(environment: dict) -> None:
 class ForkedWorkerHandler(worker_handlers.GrpcWorkerHandler):
     """The runner's side of one forked worker: what Beam's SubprocessSdkWorkerHandler does for
     a worker it starts with a command, without a command. The worker gets no logging endpoint:
-    it logs to stderr itself (pipeline/worker.py), and a failed bundle's error reaches the
+    it logs to stderr itself (pipeline/local/worker.py), and a failed bundle's error reaches the
     runner in the bundle's response."""
 
     def __init__(self, payload, state, provision_info, grpc_server):

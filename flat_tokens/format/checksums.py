@@ -16,7 +16,7 @@ Two uses:
   many stored objects no longer match their sums: from the listing where the store lists a
   CRC-32C (GCS: no object is read), else by reading each one.
 
-Imports no Beam: the reader uses it (through transforms/write/chunk_checksums.py).
+Imports no Beam: the reader uses it (through flat_tokens/format/chunk_checksums.py).
 """
 from __future__ import annotations
 
@@ -70,7 +70,7 @@ class Sum(NamedTuple):
 
 def object_entry(data) -> tuple[int, int, int]:
     """(size, CRC-32C of all but the last 4 bytes, those 4 bytes as a little-endian number): what
-    a dataset's manifest lists for an object (transforms/write/manifest.py: Entry says why not
+    a dataset's manifest lists for an object (flat_tokens/format/manifest.py: Entry says why not
     the whole object's CRC-32C), computed wherever an object is checked against it."""
     view = memoryview(data).cast("B")
     n = view.nbytes

@@ -1,8 +1,8 @@
 """PyTorch datasets over a flat-tokens dataset: import this module where torch is installed
-(this package does not depend on torch). The logic is pipeline/loaders.py's, torch-free.
+(this package does not depend on torch). The logic is flat_tokens/loaders.py's, torch-free.
 
     from torch.utils.data import DataLoader
-    from pipeline.torch_data import PackedBatchDataset, SequenceDataset
+    from flat_tokens.torch_data import PackedBatchDataset, SequenceDataset
 
     data = PackedBatchDataset(split, 2048, 32, seed=0, rank=rank, world_size=world_size)
     loader = DataLoader(data, batch_size=None, num_workers=2)    # whole batches: batch_size=None
@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import torch.utils.data
 
-from pipeline.loaders import PackedBatchStream, SequenceSource
+from flat_tokens.loaders import PackedBatchStream, SequenceSource
 
 
 class PackedBatchDataset(PackedBatchStream, torch.utils.data.IterableDataset):
-    """An IterableDataset of whole packed batches (pipeline.loaders.PackedBatchStream): numpy
+    """An IterableDataset of whole packed batches (flat_tokens.loaders.PackedBatchStream): numpy
     arrays, which a DataLoader turns into tensors; a Batch named tuple with segments= or
     sources=."""
 
@@ -34,6 +34,6 @@ class PackedBatchDataset(PackedBatchStream, torch.utils.data.IterableDataset):
 
 
 class SequenceDataset(SequenceSource, torch.utils.data.Dataset):
-    """A map-style Dataset of sequences (pipeline.loaders.SequenceSource): item i is sequence
+    """A map-style Dataset of sequences (flat_tokens.loaders.SequenceSource): item i is sequence
     i's int32 ids; sequences differ in length, so give the DataLoader a collate_fn that pads
     or packs them."""

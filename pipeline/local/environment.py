@@ -31,7 +31,7 @@ def worker_environment(options: PipelineOptions, report_dir: str | None = None):
     asks for one (SUBPROCESS with a command in --environment_config, say), else None:
     in-process, or Beam's own multi_processing workers. OptionError for a kind of
     environment the default runner cannot start. With `report_dir`, a SUBPROCESS command is
-    started under pipeline/worker_guard.py, which reports a worker that ends with an error
+    started under pipeline/local/worker_guard.py, which reports a worker that ends with an error
     there (the runner itself would wait for it forever)."""
     if options.view_as(StandardOptions).runner not in (None, "DirectRunner"):
         return None  # another runner reads --environment_type itself, or ignores it
@@ -51,6 +51,6 @@ def worker_environment(options: PipelineOptions, report_dir: str | None = None):
                           f"are for --runner=PortableRunner")
     environment = Environment.from_options(portable)
     if report_dir is not None and hasattr(environment, "command_string"):  # SubprocessSDKEnvironment
-        from pipeline import worker_guard
+        from pipeline.local import worker_guard
         environment.command_string = worker_guard.wrap(environment.command_string, report_dir)
     return environment

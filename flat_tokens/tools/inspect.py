@@ -1,6 +1,6 @@
 """Inspect a flat-tokens dataset: summary, length histogram, decoded sequences, a packed window.
 
-    python -m pipeline.inspect PATH_OR_URL [--tokenizer SPEC] [--sequences N] [--window LENGTH]
+    python -m flat_tokens.tools.inspect PATH_OR_URL [--tokenizer SPEC] [--sequences N] [--window LENGTH]
                                [--window_index I] [--split train|validation] [--json]
                                [--storage_option KEY=VALUE ...]
 
@@ -14,7 +14,7 @@ Prints, for a committed dataset at a local path or fsspec URL (gs://, ...):
   tokenizer recorded in the dataset is used when it can be loaded (and has the recorded
   sha256), else token ids are shown;
 * packed window I of length LENGTH of --split with its start bits, targets and inputs, as the
-  format defines them (see pipeline.reader);
+  format defines them (see flat_tokens.reader);
 * provenance: tokenizer, seed, inputs, package version, run id, document counts.
 
 With --duplicates N (a dataset built with --dedup_report): instead, the first N rows of its
@@ -34,12 +34,12 @@ import sys
 import fsspec
 import numpy as np
 
-from pipeline import VERSION
-from pipeline.reader import SPLITS, DatasetError, FlatTokensSplit, inputs_targets, open_dataset
-from pipeline.verify import _storage_option
-from transforms import storage_faults
-from transforms.read.mixture import source_table
-from transforms.tokenize.report_files import EARLIER, read_report, row_texts
+from flat_tokens import VERSION
+from flat_tokens.reader import SPLITS, DatasetError, FlatTokensSplit, inputs_targets, open_dataset
+from flat_tokens.tools.verify import storage_option
+from flat_tokens.format import storage_faults
+from flat_tokens.format.mixture_table import source_table
+from flat_tokens.format.report_files import EARLIER, read_report, row_texts
 
 USAGE_ERROR = 2
 BAR_WIDTH = 40
@@ -423,7 +423,7 @@ def parse_args(argv):
     ap.add_argument("--block", type=_positive, default=1 << 20,
                     help="seq_starts entries read at a time for the length statistics (bounds memory)")
     ap.add_argument("--no_du", action="store_true", help="do not list the storage to size the dataset")
-    ap.add_argument("--storage_option", type=_storage_option, action="append", default=[], metavar="KEY=VALUE",
+    ap.add_argument("--storage_option", type=storage_option, action="append", default=[], metavar="KEY=VALUE",
                     help="fsspec storage option, repeatable; VALUE is parsed as JSON if it can be")
     ap.add_argument("--json", action="store_true", help="print the report as JSON")
     ap.add_argument("--duplicates", type=_count, default=None, metavar="N",
@@ -516,5 +516,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from pipeline.cli import run_command
+    from flat_tokens.tools.cli import run_command
     sys.exit(run_command(main))

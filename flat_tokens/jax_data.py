@@ -1,7 +1,7 @@
 """Packed batches as jax.Arrays sharded over devices: import this module where jax is
-installed (this package does not depend on jax). The logic is pipeline/loaders.py's.
+installed (this package does not depend on jax). The logic is flat_tokens/loaders.py's.
 
-    from pipeline.jax_data import device_batches
+    from flat_tokens.jax_data import device_batches
 
     for batch in device_batches(split, 2048, 32, seed=0, start_step=step):
         batch["inputs"], batch["targets"]       # global (32, 2048) int32 jax.Arrays, rows over devices
@@ -22,9 +22,9 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from pipeline.blend import Blend
-from pipeline.loaders import PackedBatchStream
-from pipeline.reader import FlatTokensSplit
+from flat_tokens.blend import Blend
+from flat_tokens.loaders import PackedBatchStream
+from flat_tokens.reader import FlatTokensSplit
 
 FIELDS = ("inputs", "targets", "segment_ids", "positions", "sources")
 
@@ -38,7 +38,7 @@ def device_batches(data: FlatTokensSplit | Blend, length: int, batch_size: int, 
                    **kwargs) -> Iterator[dict]:
     """Global batches of `batch_size` rows as dicts of jax.Arrays (inputs, targets, and
     segment_ids/positions/sources when asked for), this process's rows from its own share
-    (kwargs as for pipeline.loaders.PackedBatchStream, rank and world_size from jax). Every
+    (kwargs as for flat_tokens.loaders.PackedBatchStream, rank and world_size from jax). Every
     batch is full (an epoch is num_windows // batch_size steps); a short one would be dropped."""
     sharding = sharding or data_sharding()
     stream = PackedBatchStream(data, length, batch_size, rank=jax.process_index(),
