@@ -64,6 +64,16 @@ def test_the_install_line_is_the_reader_distribution():
     assert (REPO / "reader" / "setup.py").exists()  # tests/test_reader_install.py builds it in a fresh venv
 
 
+def test_the_trainers_imports_import(tmp_path):
+    """The page's import lines, each where its framework is installed: the flat_tokens one always."""
+    lines = [line for line in blocks("Install in the trainer's environment", "python")[0].splitlines() if line]
+    runnable = [line for line in lines if not any(f"{m}_data" in line and importlib.util.find_spec(m) is None
+                                                  for m in ("torch", "jax"))]
+    assert runnable[0].startswith("from flat_tokens import ")
+    out = run([sys.executable, "-W", "error::DeprecationWarning", "-c", "\n".join(runnable + ["print('ok')"])], tmp_path)
+    assert out.strip() == "ok"
+
+
 @pytest.mark.slow  # trains small models with torch and jax, where installed
 def test_pytorch_one_gpu(workdir):
     needs("torch")

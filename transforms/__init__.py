@@ -15,7 +15,7 @@ out of flat arrays of documents (`segments`) and progress for a person watching 
 A stage imports from the root and from earlier stages, never from a later one.
 
 Each stage package names its PTransforms lazily (`stage_exports`): importing one of its
-plain modules (a reader importing `transforms.write.ownership`, say) must not import Beam.
+plain modules (the launcher importing `transforms.write.ownership`, say) must not import Beam.
 """
 import importlib
 
