@@ -129,6 +129,8 @@ class CommitFn(beam.DoFn):
 
     def commit(self, chunks_written: dict, layout, counts) -> dict:
         stats = dataset_stats(counts, layout)
+        if "near" in stats.get("dedup_index", {}) and "near_dedup" in self._provenance:
+            dedup_index.near_index_stats(stats["dedup_index"], self._provenance["near_dedup"])
         if "dedup_against" in self._provenance:  # before the accounts: its removals are among the documents
             stats.update(dedup_index.against_stats(counts, self._provenance["dedup_against"]))
         check_accounts(stats, chunks_written, self._target, counts, self._mixture)
