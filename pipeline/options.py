@@ -446,9 +446,6 @@ def check_near_options(o: FlatTokensOptions) -> None:
     if o.dedup_against and o.dedup == "none":
         raise OptionError(f"--dedup_against {o.dedup_against[0]} needs --dedup exact or near (it removes the texts of "
                           f"earlier datasets as copies)")
-    if o.dedup_against and o.mixture:
-        raise OptionError("--dedup_against with --mixture is not supported yet (its per-source accounts do not count "
-                          "texts removed as held by earlier datasets); build with --input")
     if o.dedup != "near":
         defaults = {opt.name: opt.default for opt in OPTIONS}
         given = [name for name in NEAR_OPTIONS if getattr(o, name) != defaults[name]]

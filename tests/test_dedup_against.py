@@ -443,3 +443,32 @@ def test_near_keys_of_a_near_copy_share_a_band_and_agree_on_the_sketch():
     agree = SKETCH_BITS - np.unpackbits(sketches[0] ^ sketches[1]).sum()
     assert agree >= needed_bits(THRESHOLD, 256, 2.0) > SKETCH_BITS - np.unpackbits(sketches[0] ^ sketches[2]).sum()
     assert not keys[3].any() and not sketches[3].any()
+
+
+@pytest.mark.slow
+def test_a_mixture_deduplicated_against_earlier_days_counts_each_source(near_days, tmp_path, bpe_tokenizer):
+    """--mixture with --dedup_against: the texts held by earlier datasets (exactly, or as
+    near-copies) are removed and credited to the source of their kept copy, and the per-source
+    accounts add up (the commit checks them)."""
+    root, t, _ = near_days
+    fresh = [x for x in sample_texts() if len(re.findall(r"\w+", x)) < 60][:80]
+    one = t["one"]
+    a = fresh[:40] + one[20:25] + [near_copy(x, 200 + i) for i, x in enumerate(one[25:30])]
+    b = fresh[40:] + t["two"][20:23]
+    write_jsonl(tmp_path / "a.jsonl", a)
+    write_jsonl(tmp_path / "b.jsonl", b)
+    (tmp_path / "mix.json").write_text(json.dumps({"sources": [
+        {"name": "a", "input": "a.jsonl", "weight": 1, "max_epochs": 2},
+        {"name": "b", "input": "b.jsonl", "weight": 1, "max_epochs": 2}]}))
+    out = tmp_path / "mixed.zarr"
+    run_pipeline("--mixture", tmp_path / "mix.json", "--dedup", "near", "--tokenizer", bpe_tokenizer,
+                 "--output", out, "--validation_fraction", "0.1", "--dedup_against", root / "*.zarr")
+    s = stats(out)
+    assert s["dedup_against_by_dataset"] == {str(root / "2024-06-01.zarr"): 10, str(root / "2024-06-02.zarr"): 3,
+                                             str(root / "2024-06-03.zarr"): 0}
+    assert s["dedup_against_near"] == 5
+    sources = {x["name"]: x for x in zarr.open_group(str(out), mode="r").attrs["mixture"]["sources"]}
+    assert sources["a"]["dedup_against"] == 10 and sources["b"]["dedup_against"] == 3
+    got = set(decoded(out, "train", bpe_tokenizer)) | set(decoded(out, "validation", bpe_tokenizer))
+    assert got <= set(fresh) and not got & (set(one) | set(t["two"]))
+    assert verify.verify_dataset(str(out)) == []

@@ -163,6 +163,10 @@ def drop_duplicates(keyed_parts, seed: int, validation_fraction: float, source_o
     if held is not None:
         for dataset, n in zip(*np.unique(held[held >= 0], return_counts=True)):
             counts[f"{dedup_index.AGAINST}:{int(dataset)}"] = int(n)
+        if source_of_input is not None:  # credited to the source of the text's kept copy, as near-copies are
+            for source, n in enumerate(np.bincount(sources[kept[held >= 0]],
+                                                   minlength=max(source_of_input) + 1).tolist()):
+                counts[mixture.source_key(source, mixture.DEDUP_AGAINST)] = n
         near = near | (held >= 0)
     if decisions is not None or earlier is not None:
         kept, splits = kept[~near], splits[~near]
