@@ -472,7 +472,8 @@ def test_bench_dedup_against_near_smoke(tmp_path):
         cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
     r = json.loads(results.read_text())
-    assert r["indexed"] == 400 and 64 <= r["index_bytes_per_document"] < 66
+    # Documents of lines drawn at random may be near-copies of each other: a few are removed inside a day.
+    assert 390 <= r["indexed"] <= 400 and 64 <= r["index_bytes_per_document"] < 66
     (b,) = r["runs"]["b"]
     assert b["removed"] - b["removed_near"] == r["repeated"] == 20  # the exact repeats
     assert 18 <= b["removed_near"] <= 20 + 2  # the 20 planted near-copies (J about 0.9), recall 0.999 each
