@@ -196,6 +196,23 @@ def test_a_killed_run_resumes_to_the_same_bytes_index_included(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_killed_near_run_resumes_to_the_same_bytes_near_index_included(tmp_path):
+    corpus(tmp_path / "in")
+    earlier = tmp_path / "earlier.zarr"
+    run_pipeline("--input", tmp_path / "in" / "part-0.jsonl", "--input", tmp_path / "in" / "part-1.jsonl",
+                 "--tokenizer", "bytes", "--dedup", "near", "--output", earlier)
+    args = job_args(tmp_path, "--dedup", "near", "--dedup_against", earlier)
+    ref = tmp_path / "ref.zarr"
+    run_pipeline(*args, "--output", ref)
+    out = tmp_path / "out.zarr"
+    kill_when(args, out, lambda: shards_recorded(out) >= 2)
+    resume(args, out, tmp_path / "summary.json")
+    assert dataset_digest(out) == dataset_digest(ref)
+    assert any(name.startswith(f"{INDEX_DIRECTORY}/near-") for name in dataset_digest(out))
+    assert stats(out)["dedup_against"] >= 1000 and verify.verify_dataset(str(out)) == []
+
+
+@pytest.mark.slow
 def test_a_damaged_index_fails_verify_and_the_build_against_it(tmp_path):
     texts = sample_texts()
     write_jsonl(tmp_path / "a.jsonl", texts[:60])
