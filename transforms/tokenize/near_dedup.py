@@ -204,13 +204,19 @@ def node_table(keyed_parts):
 # ---------------------------------------------------------------------------------------------
 # candidates
 
-def key_by_band(keyed_table, bands: int, rows: int, num_shards: int):
-    """(shard, node table) -> (band shard, BandPart) for each band shard its nodes' bands hit."""
-    _, table = keyed_table
-    hashes = minhash.band_hashes(table.signatures, bands, rows).ravel()
+def key_by_band(keyed_table, bands: int, rows: int, num_shards: int, against: bool = False):
+    """(shard, node table) -> (band shard, BandPart) for each band shard its nodes' bands hit;
+    tagged `keys`: (shard, near_index.NearKeys) of its nodes, the dedup index's near part, and
+    with `against` (--dedup_against) tagged `bands`: (band shard, near_index.BandEntries).
+    One densification of the signatures serves both."""
+    shard, table = keyed_table
+    dense = minhash.densified(table.signatures)
+    hashes = minhash.hash_bands(dense, bands, rows).ravel()
     nodes, order_keys = np.repeat(table.ids, bands), np.repeat(table.digests[:, 0], bands)
-    for shard, members in groups_of(hashing.shard_of(hashes, num_shards)):
-        yield int(shard), BandPart(hashes[members], nodes[members], order_keys[members])
+    for band_shard, members in groups_of(hashing.shard_of(hashes, num_shards)):
+        yield int(band_shard), BandPart(hashes[members], nodes[members], order_keys[members])
+    for tag, keyed in near_index.table_keys(shard, table, dense, num_shards, against):
+        yield beam.pvalue.TaggedOutput(tag, keyed)
 
 
 def candidate_pairs(keyed_parts):
@@ -619,20 +625,19 @@ class FindNearDuplicates(beam.PTransform):
             | "GroupCopies" >> beam.GroupByKey()
             | "NodeTables" >> beam.FlatMap(node_table).with_output_types(tuple[int, Nodes])
         )
-        keys = tables | "NearIndexKeys" >> beam.FlatMap(
-            near_index.table_keys, n, self._earlier is not None).with_outputs("bands", main="keys")
+        keyed = tables | "KeyByBand" >> beam.FlatMap(key_by_band, s.bands, s.rows, n, self._earlier is not None) \
+            .with_outputs(near_index.KEYS, near_index.BANDS, main="parts")
         held = None
         if self._earlier is not None:
             needed = near_index.needed_bits(self._threshold, s.hashes, VERIFY_Z)
             held = (
-                {"new": keys.bands, "earlier": self._earlier}
+                {"new": keyed[near_index.BANDS], "earlier": self._earlier}
                 | "JoinEarlierBands" >> beam.CoGroupByKey()
                 | "MatchEarlier" >> beam.FlatMap(
                     near_index.match_earlier, needed, near_index.sketch_bits(s.hashes))
             )
         requests = (
-            tables
-            | "KeyByBand" >> beam.FlatMap(key_by_band, s.bands, s.rows, n).with_output_types(tuple[int, BandPart])
+            keyed.parts
             | "GroupByBand" >> beam.GroupByKey()
             | "CandidatePairs" >> beam.FlatMap(candidate_pairs).with_output_types(tuple[int, Edges])
         )
@@ -688,4 +693,4 @@ class FindNearDuplicates(beam.PTransform):
             .with_outputs(COUNTS, main="decisions")
         )
         counts = ((verified[COUNTS], finished[COUNTS], chosen[COUNTS]) | "NearCounts" >> beam.Flatten())
-        return NearFound(chosen.decisions, counts, keys.keys, held)
+        return NearFound(chosen.decisions, counts, keyed[near_index.KEYS], held)

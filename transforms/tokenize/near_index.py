@@ -65,6 +65,7 @@ SKETCH_BITS = 8 * SKETCH_BYTES
 HUB_PAIRS = 64
 NEAR_AGAINST = "dedup_against_near"  # count key prefix: of dedup_against:i, the near-copies ("dedup_against_near:i")
 _ROW_BITS = 32  # a node id is dedup shard << 32 | row (near_dedup.py)
+KEYS, BANDS = "near_keys", "near_bands"  # near_dedup.key_by_band's tagged outputs
 
 
 def sketch_bits(hashes: int) -> int:
@@ -72,12 +73,13 @@ def sketch_bits(hashes: int) -> int:
     return min(SKETCH_BITS, hashes - BAND_BINS)
 
 
-def near_keys(signatures: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """((n, NEAR_BANDS) uint32 band keys, (n, SKETCH_BYTES) uint8 sketches) of signatures (n, K);
-    a row without a signature has keys 0 and an empty sketch."""
+def near_keys(signatures: np.ndarray, dense: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """((n, NEAR_BANDS) uint32 band keys, (n, SKETCH_BYTES) uint8 sketches) of signatures (n, K)
+    (`dense`: them densified, when the caller has it); a row without a signature has keys 0
+    and an empty sketch."""
     n, k = signatures.shape
     signed = minhash.signed(signatures)
-    dense = minhash.densified(signatures)
+    dense = minhash.densified(signatures) if dense is None else dense
     keys = (minhash.hash_bands(dense, NEAR_BANDS, ROWS) >> np.uint64(32)).astype(np.uint32)
     keys[keys == 0] = 1
     keys[~signed] = 0
@@ -188,16 +190,16 @@ def band_entries(keys, ids, digests, sketches, datasets, num_shards: int):
         yield int(shard), BandEntries(flat[members], ids[at], digests[at], sketches[at], datasets[at])
 
 
-def table_keys(keyed_table, num_shards: int, against: bool):
-    """(dedup shard, Nodes: its node table) -> (dedup shard, NearKeys) for the index; with
-    --dedup_against, tagged `bands`: (band shard, BandEntries) of the new texts."""
-    shard, table = keyed_table
-    keys, sketches = near_keys(table.signatures)
-    yield shard, NearKeys(table.digests, keys, sketches)
+def table_keys(shard: int, table, dense: np.ndarray, num_shards: int, against: bool):
+    """A dedup shard's node table (near_dedup.Nodes) and its densified signatures -> (KEYS,
+    (dedup shard, NearKeys)) for the index; with --dedup_against, (BANDS, (band shard,
+    BandEntries)) of the new texts."""
+    keys, sketches = near_keys(table.signatures, dense)
+    yield KEYS, (shard, NearKeys(table.digests, keys, sketches))
     if against:
         for keyed in band_entries(keys, table.ids, table.digests, sketches,
                                   np.full(keys.shape[0], -1, dtype=np.int32), num_shards):
-            yield beam.pvalue.TaggedOutput("bands", keyed)
+            yield BANDS, keyed
 
 
 def read_earlier_near(item: tuple, num_shards: int, storage_options: dict | None = None):
