@@ -8,7 +8,8 @@
 The bracketed steps run with --dedup (exact or near: near-copies are found inside the
 dedup step, transforms/tokenize/near_dedup.py), --min_tokens or --max_tokens, and --mixture
 only; without them the graph is the plain one. With --dedup, the kept texts' digests are also
-written as the dataset's dedup index, and --dedup_against joins earlier datasets' indexes into
+written as the dataset's dedup index (with near, each text's band keys and sketch too:
+transforms/tokenize/near_index.py), and --dedup_against joins earlier datasets' indexes into
 the dedup step (transforms/tokenize/dedup_index.py). Each step comes from the stage package named
 in its import, in the order of the sentence (the map: docs/design.md).
 

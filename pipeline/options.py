@@ -152,8 +152,8 @@ OPTIONS: tuple[Option, ...] = (
                                   "files when it ends in .parquet, else JSONL. Needs dedup exact or near")),
     Option(name="dedup_against", group="input", repeatable=True,
            help="with --dedup exact or near: committed datasets (paths or globs, local or gs://; the output itself "
-                "is skipped) whose texts this build removes, reading only their dedup indexes; an earlier "
-                "dataset's split wins (docs/dedup.md)",
+                "is skipped) whose texts (with --dedup near, and their near-copies) this build removes, reading "
+                "only their dedup indexes; an earlier dataset's split wins (docs/dedup.md)",
            template=Template("Deduplicate against datasets", "gcs_read", example="gs://my-bucket/flat-tokens/*.zarr",
                              help="Committed datasets (a path or glob on Cloud Storage) whose texts this build "
                                   "removes, reading only their dedup indexes. Needs dedup exact or near")),
