@@ -489,3 +489,42 @@ def test_a_mixture_deduplicated_against_earlier_days_counts_each_source(near_day
     got = set(decoded(out, "train", bpe_tokenizer)) | set(decoded(out, "validation", bpe_tokenizer))
     assert got <= set(fresh) and not got & (set(one) | set(t["two"]))
     assert verify.verify_dataset(str(out)) == []
+
+
+@pytest.mark.slow
+def test_near_copies_of_each_other_and_of_an_earlier_text_are_all_removed_as_held_earlier(near_days, tmp_path,
+                                                                                           bpe_tokenizer):
+    """Two near-copies of each other in a new build, both near-copies of a text day 1 holds:
+    both are removed as held by day 1. Inside the build one would be kept for the other, and
+    removing it as held earlier would leave the other removed for a text that is not kept; a
+    text held earlier is not kept when its cluster chooses (near_dedup.keep_greedily)."""
+    root, t, _ = near_days
+    def alike(x, y):
+        return jaccard(shingles(x), shingles(y)) >= THRESHOLD + 0.05
+
+    # A day 1 text whose copy and copy of the copy are all near-copies of each other, by the test's measure.
+    original, first, second = next((o, f, near_copy(f, 301)) for o in t["one"][40:] for f in [near_copy(o, 300)]
+                                   if alike(o, f) and alike(o, near_copy(f, 301)) and alike(f, near_copy(f, 301)))
+    fresh = [x for x in sample_texts() if len(re.findall(r"\w+", x)) < 60][:30]
+    write_jsonl(tmp_path / "in.jsonl", fresh + [first, second])
+    out = tmp_path / "out.zarr"
+    run_pipeline("--input", tmp_path / "in.jsonl", "--tokenizer", bpe_tokenizer, "--dedup", "near", "--output", out,
+                 "--dedup_against", root / "2024-06-01.zarr")
+    s = stats(out)
+    assert s["dedup_against_near"] == 2 and s["near_duplicates"] == 0
+    got = set(decoded(out, "train", bpe_tokenizer)) | set(decoded(out, "validation", bpe_tokenizer))
+    assert first not in got and second not in got
+
+
+def test_keep_greedily_does_not_keep_a_member_held_earlier():
+    """A member held by an earlier dataset is not kept, so the worse member that is a near-copy
+    of it only is kept; without it held, that member is removed for it."""
+    import numpy as np
+    from transforms.records import Nodes
+    from transforms.tokenize.near_dedup import keep_greedily
+    ids = np.array([10, 11, 12], dtype=np.uint64)  # in rank order: 10 best
+    members = Nodes(ids, np.zeros((3, 2), np.uint64), np.arange(3, dtype=np.uint64), np.zeros(3, np.int8),
+                    np.zeros((3, 4), np.uint16))
+    a, b = np.array([10, 11], dtype=np.uint64), np.array([11, 12], dtype=np.uint64)  # 10 ~ 11 ~ 12
+    assert keep_greedily(members, a, b).tolist() == [0, 0, 2]
+    assert keep_greedily(members, a, b, np.array([True, False, False])).tolist() == [0, 1, 1]
