@@ -10,6 +10,7 @@ from pipeline import prefetch
 COMMANDS = {
     "run": ("pipeline.run", "turn a JSONL corpus into a shuffled, tokenized flat-tokens dataset"),
     "verify": ("pipeline.verify", "check every invariant of a dataset; non-zero exit on any violation"),
+    "index": ("pipeline.add_index", "add the dedup index to a dataset built without one (its arrays unchanged)"),
     "inspect": ("pipeline.inspect", "summarize a dataset, show sequences and packed windows"),
     "report": ("pipeline.report", "write a self-contained HTML report of a dataset (docs/report.md)"),
     "export": ("pipeline.export", "write a dataset as Megatron-LM .bin/.idx pairs (a Beam job)"),

@@ -79,7 +79,7 @@ def earlier_index_files(url: str, storage_options: dict | None = None) -> list[t
     if not described:
         raise MissingIndex(f"--dedup_against {url}: has no dedup index (built with --dedup none, or by a version "
                            f"before dedup indexes); rebuild it with --dedup exact or near (and --overwrite) to "
-                           f"give it one")
+                           f"give it one, or add one with `flat-tokens index {url}` (docs/dedup.md)")
     fs, path = url_to_fs(url, **(storage_options or {}))
     directory = posixpath.join(path.rstrip("/"), INDEX_DIRECTORY)
     names = sorted(p for p in (fs.ls(directory, detail=False) if fs.exists(directory) else []) if is_index_file(p))
