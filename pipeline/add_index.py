@@ -16,6 +16,9 @@ is not a document). Texts dropped as too short were never stored: a later build 
 copies. Copies stored twice (a dataset built without dedup, or a mixture's repeated train
 documents) are indexed once, with the split they are in (validation when they are in both).
 
+With --dedup near (and --near_shingle, --near_shingle_size, --near_hashes as the pipeline's)
+the near part too, from each decoded text's signature (transforms/tokenize/near_index.py).
+
 Written: the index files (create-only, as a build writes them; dedup shards by the dataset's
 seed and one shard per million texts), then the manifest with their entries added, then the
 root attributes with stats.dedup_index (and `added_by`) and the manifest's new seal. The last
@@ -40,7 +43,10 @@ from pipeline.verify import CannotOpen, verify_dataset
 from transforms import create_only, hashing
 from transforms.tokenize import dedup_index
 from transforms.tokenize.dedup import digests_of
-from transforms.tokenize.index_files import INDEX_DIRECTORY, encode_index, index_file_name, index_key
+from transforms.tokenize.index_files import (INDEX_DIRECTORY, NEAR_BANDS, SKETCH_BYTES, digest_order, encode_index,
+                                             encode_near, index_file_name, index_key, near_file_name)
+from transforms.tokenize.minhash import SHINGLES, MinHashSettings, batch_signatures
+from transforms.tokenize.near_index import near_keys
 from transforms.tokenize.tokenizer import TokenizerInfo, load_encoders
 from transforms.write import manifest
 from transforms.write.zarr_store import make_store, read_root_attributes
@@ -81,10 +87,13 @@ def _tokenizer(attrs: dict, override: str | None) -> tuple[object, object]:
     return (lambda ids: decoder.decode(np.asarray(ids).tolist(), skip_special_tokens=False)), load_encoders(info)[0]
 
 
-def split_digests(group, decode, encode, split: str) -> np.ndarray:
-    """(n, 2) uint64 digests of a split's sequences, each decoded and checked to encode back."""
+def split_digests(group, decode, encode, split: str, near: MinHashSettings | None = None):
+    """(n, 2) uint64 digests of a split's sequences, each decoded and checked to encode back,
+    and with `near` their near keys (near_index.near_keys: (keys, sketches)), else None."""
     starts = group["seq_starts"][:].astype(np.int64)
     found = [np.empty((0, 2), np.uint64)]
+    keys = [np.empty((0, NEAR_BANDS), np.uint32)]
+    sketches = [np.empty((0, SKETCH_BYTES), np.uint8)]
     for first in range(0, starts.size - 1, SEQUENCES_AT_ONCE):
         last = min(first + SEQUENCES_AT_ONCE, starts.size - 1)
         ids = group["encoded_tokens"][starts[first]:starts[last]].astype(np.int64) >> 1
@@ -96,12 +105,20 @@ def split_digests(group, decode, encode, split: str) -> np.ndarray:
             raise IndexRefused(f"{split}: a sequence among {first}-{last - 1} does not encode back to its ids once "
                                f"decoded: the tokenizer loses text, so the texts the dataset was built from cannot "
                                f"be recovered; rebuild it with --dedup exact (and --overwrite) to give it an index")
-        found.append(digests_of([t.encode("utf-8") for t in texts]))
-    return np.concatenate(found)
+        encoded = [t.encode("utf-8") for t in texts]
+        found.append(digests_of(encoded))
+        if near is not None:
+            signatures = batch_signatures(near, encoded, ids.astype(np.uint32), np.diff(bounds))
+            k, sk = near_keys(signatures)
+            keys.append(k)
+            sketches.append(sk)
+    return np.concatenate(found), (np.concatenate(keys), np.concatenate(sketches)) if near is not None else None
 
 
-def add_index(url: str, tokenizer: str | None = None, storage_options: dict | None = None) -> dict:
-    """Adds the exact dedup index to the committed dataset at `url`; returns stats.dedup_index."""
+def add_index(url: str, tokenizer: str | None = None, storage_options: dict | None = None,
+              near: MinHashSettings | None = None) -> dict:
+    """Adds the dedup index to the committed dataset at `url` (with `near`, its near part too,
+    for --dedup near builds with those signature settings); returns stats.dedup_index."""
     try:
         problems = verify_dataset(url, storage_options=storage_options)
     except CannotOpen as e:
@@ -118,18 +135,23 @@ def add_index(url: str, tokenizer: str | None = None, storage_options: dict | No
     listed = read_guard.load_manifest(url, storage_options)
     decode, encode = _tokenizer(attrs, tokenizer)
     root = zarr.open_group(make_store(url, storage_options, read_only=True), mode="r")
-    digests, splits = [], []
+    digests, splits, keys, sketches = [], [], [], []
     for number, split in enumerate(("train", "validation")):
-        found = split_digests(root[split], decode, encode, split)
+        found, near_rows = split_digests(root[split], decode, encode, split, near)
         digests.append(found)
         splits.append(np.full(found.shape[0], number, dtype=np.int8))
+        if near_rows is not None:
+            keys.append(near_rows[0])
+            sketches.append(near_rows[1])
     digests, splits = np.concatenate(digests), np.concatenate(splits)
     # Each text once, validation when it is in both (a train copy is repeated by a mixture).
     order = np.lexsort((-splits, digests[:, 1], digests[:, 0]))
-    digests, splits = digests[order], splits[order]
     first = np.ones(order.size, dtype=bool)
-    first[1:] = np.any(digests[1:] != digests[:-1], axis=1)
-    digests, splits = digests[first], splits[first]
+    first[1:] = np.any(digests[order][1:] != digests[order][:-1], axis=1)
+    kept = order[first]
+    digests, splits = digests[kept], splits[kept]
+    if near is not None:
+        keys, sketches = np.concatenate(keys)[kept], np.concatenate(sketches)[kept]
 
     fs, path = url_to_fs(url, **(storage_options or {}))
     directory = posixpath.join(path.rstrip("/"), INDEX_DIRECTORY)
@@ -141,12 +163,23 @@ def add_index(url: str, tokenizer: str | None = None, storage_options: dict | No
         chosen = by_shard == shard
         data = encode_index(digests[chosen], splits[chosen])
         name = posixpath.join(directory, index_file_name(shard, shards))
+        if near is not None:  # in the exact file's order (digest_order), as a build writes it
+            rows = np.flatnonzero(chosen)[digest_order(digests[chosen])]
+            near_data = encode_near(keys[rows], sketches[rows])
+            near_name = posixpath.join(directory, near_file_name(shard, shards))
+            create_only.put_new(fs, near_name, near_data)
+            written[index_key(near_name)] = near_data
+            counts[dedup_index.NEAR_BYTES] = counts.get(dedup_index.NEAR_BYTES, 0) + len(near_data)
+            counts[dedup_index.NEAR_FILES] = counts.get(dedup_index.NEAR_FILES, 0) + 1
         create_only.put_new(fs, name, data)
         written[index_key(name)] = data
         for key, n in ((dedup_index.INDEX_DOCUMENTS, int(chosen.sum())), (dedup_index.INDEX_BYTES, len(data)),
                        (dedup_index.INDEX_FILES, 1)):
             counts[key] = counts.get(key, 0) + n
     described = {**dedup_index.index_stats(counts), "added_by": "flat-tokens index"}
+    if near is not None:
+        dedup_index.near_index_stats(described, {"shingle": near.shingle, "shingle_size": near.shingle_size,
+                                                 "hashes": near.hashes})
     new_attrs = {k: v for k, v in attrs.items() if k != manifest.ATTRIBUTE}
     new_attrs["stats"] = {**stats, "dedup_index": described}
     if listed is not None:
@@ -181,9 +214,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("dataset", help="a committed flat-tokens dataset (local path or gs://)")
     ap.add_argument("--tokenizer", help="where the dataset's tokenizer.json is, when its recorded path is not "
                                         "reachable from here (checked by sha256)")
+    ap.add_argument("--dedup", choices=("exact", "near"), default="exact",
+                    help="near: also the near part, for later --dedup near builds with the same signature options")
+    ap.add_argument("--near_shingle", choices=SHINGLES, default=MinHashSettings.shingle)
+    ap.add_argument("--near_shingle_size", type=int, default=MinHashSettings.shingle_size)
+    ap.add_argument("--near_hashes", type=int, choices=(64, 128, 256, 512, 1024), default=MinHashSettings.hashes)
     a = ap.parse_args(argv)
+    near = MinHashSettings(a.near_shingle, a.near_shingle_size, a.near_hashes) if a.dedup == "near" else None
     try:
-        described = add_index(a.dataset, a.tokenizer)
+        described = add_index(a.dataset, a.tokenizer, near=near)
     except (IndexRefused, read_guard.DatasetError, create_only.ObjectConflict) as e:
         print(f"flat-tokens index: error: {e}", file=sys.stderr)
         return 2

@@ -121,3 +121,30 @@ def test_a_path_that_is_no_dataset_is_refused_in_one_line(tmp_path):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.startswith("flat-tokens index: error:") and "missing.zarr" in proc.stderr
     assert not (tmp_path / "missing.zarr").exists()
+
+
+@pytest.mark.slow
+def test_with_dedup_near_the_index_has_its_near_part_and_near_copies_are_found(tmp_path, bpe_tokenizer):
+    """`index --dedup near` computes each decoded text's signature: a later --dedup near build
+    removes its near-copies of the old dataset's texts (one word in 100 misspelt)."""
+    import re
+    texts = [t for t in sample_texts() if len(re.findall(r"\w+", t)) >= 100]
+    write_jsonl(tmp_path / "old.jsonl", texts[:40])
+    out = tmp_path / "old.zarr"
+    run_pipeline("--input", tmp_path / "old.jsonl", "--tokenizer", bpe_tokenizer, "--output", out)
+    proc = index(out, "--dedup", "near")
+    assert proc.returncode == 0, proc.stderr
+    assert verify.verify_dataset(str(out)) == []
+    assert stats(out)["dedup_index"]["near"]["files"] == stats(out)["dedup_index"]["files"]
+
+    def misspelt(text):  # a letter added to the 50th word
+        word = list(re.finditer(r"\w+", text))[50]
+        return text[:word.end()] + "q" + text[word.end():]
+
+    write_jsonl(tmp_path / "new.jsonl", texts[40:60] + [misspelt(t) for t in texts[:10]])
+    later = tmp_path / "new.zarr"
+    run_pipeline("--input", tmp_path / "new.jsonl", "--tokenizer", bpe_tokenizer, "--output", later,
+                 "--dedup", "near", "--dedup_against", out)
+    assert stats(later)["dedup_against_near"] == 10
+    got = set(decoded(later, "train", bpe_tokenizer)) | set(decoded(later, "validation", bpe_tokenizer))
+    assert got == set(texts[40:60])
