@@ -11,8 +11,9 @@ and encoded again. Only tokenizers that give back the text read are accepted: `b
 byte-level BPEs (decoder ByteLevel) without a normalizer; every sequence must also encode
 back to its ids. Others (a normalizer that lowercases, a pre-tokenizer that drops spaces)
 map several texts to the same ids, and the decoded text's digest would match nothing.
-Refused too: a dataset that fails `flat-tokens verify`, one that already has an index, and one whose documents were truncated or split into pieces by --max_tokens (a piece
-is not a document). Texts dropped as too short were never stored: a later build keeps their
+Refused too: a dataset that fails `flat-tokens verify`, one that already has an index, and
+one whose documents were truncated or split into pieces by --max_tokens (a piece is not a
+document). Texts dropped as too short were never stored: a later build keeps their
 copies. Copies stored twice (a dataset built without dedup, or a mixture's repeated train
 documents) are indexed once, with the split they are in (validation when they are in both).
 
