@@ -12,6 +12,7 @@ from flat_tokens.tools.cli import CLOSED_STDOUT, run_command  # noqa: F401 (this
 COMMANDS = {
     "run": ("pipeline.run", "turn a JSONL corpus into a shuffled, tokenized flat-tokens dataset"),
     **reading.COMMANDS,
+    "index": ("pipeline.add_index", "add the dedup index to a dataset built without one (its arrays unchanged)"),
     "export": ("pipeline.export", "write a dataset as Megatron-LM .bin/.idx pairs (a Beam job)"),
 }
 

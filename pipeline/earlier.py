@@ -17,7 +17,7 @@ from fsspec.core import url_to_fs
 
 from flat_tokens import read_guard
 from transforms.read.inputs import absolute
-from flat_tokens.format.index_files import INDEX_DIRECTORY, MissingIndex, index_key, is_index_file
+from flat_tokens.format.index_files import INDEX_DIRECTORY, MissingIndex, index_key, is_index_file, near_file_of
 from transforms.write.zarr_store import read_root_attributes
 
 _DATED = re.compile(r"(\d{4}-\d{2}-\d{2})(.*)")
@@ -79,7 +79,7 @@ def earlier_index_files(url: str, storage_options: dict | None = None) -> list[t
     if not described:
         raise MissingIndex(f"--dedup_against {url}: has no dedup index (built with --dedup none, or by a version "
                            f"before dedup indexes); rebuild it with --dedup exact or near (and --overwrite) to "
-                           f"give it one")
+                           f"give it one, or add one with `flat-tokens index {url}` (docs/dedup.md)")
     fs, path = url_to_fs(url, **(storage_options or {}))
     directory = posixpath.join(path.rstrip("/"), INDEX_DIRECTORY)
     names = sorted(p for p in (fs.ls(directory, detail=False) if fs.exists(directory) else []) if is_index_file(p))
@@ -106,6 +106,39 @@ def index_files(datasets: list[str], storage_options: dict | None = None) -> lis
     """(dataset number, index file URL, its manifest entry) of every earlier dataset;
     MissingIndex when one has none."""
     return [(i, f, entry) for i, url in enumerate(datasets) for f, entry in earlier_index_files(url, storage_options)]
+
+
+def near_files(datasets: list[str], near: tuple, storage_options: dict | None = None) -> list[tuple]:
+    """--dedup near: (dataset number, exact file URL, its manifest entry, near file URL, its
+    manifest entry) of every earlier dataset's index. MissingIndex when one's index has no near
+    part (built with --dedup exact: its near-copies could not be found, and a build that said
+    it removed them would not have), or keys made from other signatures (shingles, their size,
+    the bins), which could never match this build's."""
+    settings, _ = near
+    found = []
+    for i, url in enumerate(datasets):
+        exact = earlier_index_files(url, storage_options)
+        described = ((read_root_attributes(url, storage_options).get("stats") or {}).get("dedup_index") or {})
+        near_part = described.get("near")
+        if not near_part:
+            raise MissingIndex(f"--dedup_against {url}: its dedup index has no near part (built with --dedup exact), "
+                               f"so near-copies of its texts cannot be found; rebuild it with --dedup near (and "
+                               f"--overwrite), or build this dataset with --dedup exact")
+        if near_part.get("signature") != settings.signature_key():
+            raise MissingIndex(f"--dedup_against {url}: its near index was made from other signatures "
+                               f"({near_part.get('signature')}) than this build's ({settings.signature_key()}); "
+                               f"build with the same --near_shingle, --near_shingle_size and --near_hashes")
+        listed = read_guard.load_manifest(url, storage_options)
+        fs, _ = url_to_fs(url, **(storage_options or {}))
+        for exact_url, entry in exact:
+            near_url = near_file_of(exact_url)
+            near_entry = None if listed is None else listed.expected(index_key(near_url))
+            there = fs.exists(url_to_fs(near_url, **(storage_options or {}))[1])
+            if (listed is not None and near_entry is None) or not there:
+                raise MissingIndex(f"--dedup_against {url}: {index_key(near_url)} is missing or not in its "
+                                   f"manifest: damaged; rebuild it with --overwrite")
+            found.append((i, exact_url, entry, near_url, None if near_entry is None else tuple(near_entry)))
+    return found
 
 
 def earlier_dated(output: str, storage_options: dict | None = None) -> list[str]:

@@ -8,7 +8,8 @@
 The bracketed steps run with --dedup (exact or near: near-copies are found inside the
 dedup step, transforms/tokenize/near_dedup.py), --min_tokens or --max_tokens, and --mixture
 only; without them the graph is the plain one. With --dedup, the kept texts' digests are also
-written as the dataset's dedup index, and --dedup_against joins earlier datasets' indexes into
+written as the dataset's dedup index (with near, each text's band keys and sketch too:
+transforms/tokenize/near_index.py), and --dedup_against joins earlier datasets' indexes into
 the dedup step (transforms/tokenize/dedup_index.py). Each step comes from the stage package named
 in its import, in the order of the sentence (the map: docs/design.md).
 
@@ -42,6 +43,7 @@ from transforms.staging import StagingArea
 from transforms.shuffle.shuffle_globally import count_copies
 from transforms.shuffle.weigh_sources import count_source_documents
 from transforms.tokenize.dedup_index import WriteIndexShard, read_earlier
+from transforms.tokenize.near_index import read_earlier_near
 from transforms.tokenize.dedup_report import WriteDedupReport, earlier_key
 from transforms.tokenize.staged import ReplayStagedUnits, TokenizeAndStage
 from transforms.write.finished import SIZES, ReplayFinishedShards
@@ -79,10 +81,15 @@ def build_pipeline(p: beam.Pipeline, plan: JobPlan):
             earlier = (p | "EarlierIndexFiles" >> beam.Create(plan.earlier_index)
                        | "SpreadIndexFiles" >> beam.Reshuffle()
                        | "ReadEarlierIndexes" >> beam.FlatMap(read_earlier, plan.seed, plan.dedup_shards, so))
+        earlier_near = None
+        if plan.dedup_against and plan.near:  # their near files, with their exact files: keyed by band shard
+            earlier_near = (p | "EarlierNearFiles" >> beam.Create(plan.earlier_near)
+                            | "SpreadNearFiles" >> beam.Reshuffle()
+                            | "ReadEarlierNear" >> beam.FlatMap(read_earlier_near, plan.dedup_shards, so))
         distinct = tokenized | "DropDuplicates" >> DropDuplicates(
             plan.seed, plan.validation_fraction, plan.dedup_shards,
             plan.source_of_input if plan.mixture is not None else plan.record_sources, plan.near, plan.spill_dir,
-            report=plan.dedup_report is not None, earlier=earlier)
+            report=plan.dedup_report is not None, earlier=earlier, earlier_near=earlier_near)
         batches = distinct.batches
         counted.append(distinct.counts)
     if plan.length_limits.active():
@@ -134,7 +141,7 @@ def build_pipeline(p: beam.Pipeline, plan: JobPlan):
         counts = ((counts, counts_of_report) | "WithReportCounts" >> beam.Flatten()
                   | "SumReportCounts" >> beam.CombineGlobally(SumCounts()).without_defaults())
     if distinct is not None:  # the dataset's dedup index: written once the output is ours, counted at commit
-        counts_of_index = distinct.batches | "WriteDedupIndex" >> beam.ParDo(
+        counts_of_index = distinct.index | "WriteDedupIndex" >> beam.ParDo(
             WriteIndexShard(plan.target.url, plan.seed, plan.dedup_shards, so), singleton(created))
         counts = ((counts, counts_of_index) | "WithIndexCounts" >> beam.Flatten()
                   | "SumIndexCounts" >> beam.CombineGlobally(SumCounts()).without_defaults())

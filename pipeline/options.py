@@ -152,8 +152,8 @@ OPTIONS: tuple[Option, ...] = (
                                   "files when it ends in .parquet, else JSONL. Needs dedup exact or near")),
     Option(name="dedup_against", group="input", repeatable=True,
            help="with --dedup exact or near: committed datasets (paths or globs, local or gs://; the output itself "
-                "is skipped) whose texts this build removes, reading only their dedup indexes; an earlier "
-                "dataset's split wins (docs/dedup.md)",
+                "is skipped) whose texts (with --dedup near, and their near-copies) this build removes, reading "
+                "only their dedup indexes; an earlier dataset's split wins (docs/dedup.md)",
            template=Template("Deduplicate against datasets", "gcs_read", example="gs://my-bucket/flat-tokens/*.zarr",
                              help="Committed datasets (a path or glob on Cloud Storage) whose texts this build "
                                   "removes, reading only their dedup indexes. Needs dedup exact or near")),
@@ -446,9 +446,6 @@ def check_near_options(o: FlatTokensOptions) -> None:
     if o.dedup_against and o.dedup == "none":
         raise OptionError(f"--dedup_against {o.dedup_against[0]} needs --dedup exact or near (it removes the texts of "
                           f"earlier datasets as copies)")
-    if o.dedup_against and o.mixture:
-        raise OptionError("--dedup_against with --mixture is not supported yet (its per-source accounts do not count "
-                          "texts removed as held by earlier datasets); build with --input")
     if o.dedup != "near":
         defaults = {opt.name: opt.default for opt in OPTIONS}
         given = [name for name in NEAR_OPTIONS if getattr(o, name) != defaults[name]]

@@ -58,6 +58,8 @@ class JobPlan:
     dedup_against: list[str] = field(default_factory=list)  # --dedup_against's datasets (pipeline/earlier.py)
     # their index files: (dataset number, URL, the entry its dataset's manifest lists for it)
     earlier_index: list[tuple[int, str, tuple | None]] = field(default_factory=list)
+    # with --dedup near: (dataset number, exact file URL, its entry, near file URL, its entry)
+    earlier_near: list[tuple] = field(default_factory=list)
     mixture: mix.Mixture | None = None
     source_of_input: list[int] | None = None  # with a mixture: the source of each input index
     record_sources: list[int] | None = None  # --record_sources: the recorded source of each input index
@@ -216,6 +218,7 @@ def plan_job(o: FlatTokensOptions, storage_options: dict | None = None, run_id: 
         dedup_shards=(o.num_shards or auto_shards(all_bytes)) if o.dedup != "none" else None,
         near=near_settings(o), dedup_report=absolute(o.dedup_report) if o.dedup_report else None,
         dedup_against=against, earlier_index=earlier.index_files(against, storage_options),
+        earlier_near=earlier.near_files(against, near_settings(o), storage_options) if o.dedup == "near" else [],
         mixture=inputs.mixture, source_of_input=inputs.source_of_input, record_sources=record,
         skipped_files=inputs.skipped, length_limits=limits)
 

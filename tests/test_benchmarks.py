@@ -456,3 +456,25 @@ def test_bench_dedup_against_smoke(tmp_path):
     assert [run["removed"] for run in r["runs"]["a"]] == [0]
     verdicts = [line for line in proc.stdout.splitlines() if "(target <=" in line]
     assert len(verdicts) == 2 and all(line.endswith(("PASS", "FAIL")) for line in verdicts), proc.stdout
+
+
+@pytest.mark.slow
+def test_bench_dedup_against_near_smoke(tmp_path):
+    """bench_dedup_against.py --dedup near: the index with its near part (64 bytes a document
+    and the files' headers), and the planted near-copies of earlier texts removed as such."""
+    texts = [json.loads(line)["text"] for line in open(SAMPLE / "corpus-1.jsonl", encoding="utf-8")][:300]
+    corpus = write_jsonl(tmp_path / "tiny.jsonl", texts)
+    results = tmp_path / "bench.json"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "bench_dedup_against.py"), "--input", str(corpus), "--tokenizer",
+         "bytes", "--days", "2", "--documents_per_day", "200", "--rounds", "1", "--json", str(results),
+         "--workdir", str(tmp_path / "work"), "--dedup", "near"],
+        cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
+    r = json.loads(results.read_text())
+    # Documents of lines drawn at random may be near-copies of each other: a few are removed inside a day.
+    assert 390 <= r["indexed"] <= 400 and 64 <= r["index_bytes_per_document"] < 66
+    (b,) = r["runs"]["b"]
+    assert b["removed"] - b["removed_near"] == r["repeated"] == 20  # the exact repeats
+    assert 18 <= b["removed_near"] <= 20 + 2  # the 20 planted near-copies (J about 0.9), recall 0.999 each
+    assert [run["removed"] for run in r["runs"]["a"]] == [0]

@@ -113,7 +113,7 @@ def test_the_reader_install_trains_a_step_blends_and_verifies(reader_venv, tmp_p
     report = in_venv(reader_venv, reader_venv / "flat-tokens", "report", out, "--html", tmp_path / "r.html", cwd=tmp_path)
     assert report.returncode == 0 and "</html>" in (tmp_path / "r.html").read_text(), report.stderr[-2000:]
     run = in_venv(reader_venv, reader_venv / "flat-tokens", "run", "--help", cwd=tmp_path)
-    assert run.returncode == 2 and "Install flat-tokens-beam for `run` and `export`" in run.stderr, run.stderr
+    assert run.returncode == 2 and "Install flat-tokens-beam for `run`, `export` and `index`" in run.stderr, run.stderr
 
 
 @pytest.mark.slow  # builds a virtual environment and installs into it

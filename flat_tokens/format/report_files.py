@@ -14,6 +14,7 @@ PARQUET_SUFFIX, JSONL_SUFFIX = ".parquet", ".jsonl"
 EARLIER = "earlier"  # the match of a row --dedup_against removed: an exact copy of a text an earlier dataset holds
 # The names the pipeline reads as Parquet input (transforms/read/inputs.py: PARQUET_SUFFIXES).
 INPUT_PARQUET_SUFFIXES = (".parquet", ".pq")
+EARLIER_NEAR = "earlier_near"  # ... with --dedup near: a near-copy of a text an earlier dataset holds
 COLUMNS = ("removed_file", "removed_offset", "removed_digest", "kept_file", "kept_offset", "kept_digest", "match",
            "estimated_similarity", "similarity")
 
@@ -99,6 +100,10 @@ def row_texts(row: dict, text_key: str = "text", max_chars: int | None = None,
     for side in ("removed", "kept"):
         if side == "kept" and row.get("match") == EARLIER:  # an exact copy of a text the earlier dataset holds
             out["kept_text"] = out["removed_text"]
+            continue
+        if side == "kept" and row.get("match") == EARLIER_NEAR:  # the index holds no text, only its digest
+            out["kept_text"] = (f"(a text the earlier dataset holds, digest {row['kept_digest']}; its index keeps "
+                                f"no text)")
             continue
         try:
             text = document_at(row[f"{side}_file"], int(row[f"{side}_offset"]), text_key, storage_options)

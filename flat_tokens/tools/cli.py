@@ -16,7 +16,7 @@ COMMANDS = {
     "inspect": ("flat_tokens.tools.inspect", "summarize a dataset, show sequences and packed windows"),
     "report": ("flat_tokens.tools.report", "write a self-contained HTML report of a dataset (docs/report.md)"),
 }
-JOB_COMMANDS = ("run", "export")  # Beam jobs: the full distribution's (pipeline/cli.py)
+JOB_COMMANDS = ("run", "export", "index")  # the job's commands: the full distribution's (pipeline/cli.py)
 
 # The status of a Unix tool killed by SIGPIPE, as a shell reports it.
 CLOSED_STDOUT = 128 + signal.SIGPIPE
@@ -54,9 +54,9 @@ def dispatch(argv, commands: dict, missing: set, before=None) -> int:
         return 0
     if argv[0] not in commands:
         if argv[0] in JOB_COMMANDS:
-            print(f"flat-tokens: error: `flat-tokens {argv[0]}` is a Beam job: this reader-only install "
+            print(f"flat-tokens: error: `flat-tokens {argv[0]}` is the job's: this reader-only install "
                   f"(flat-tokens-reader) reads datasets (verify, inspect, report) but runs no pipeline. "
-                  f"Install flat-tokens-beam for `run` and `export`.", file=sys.stderr)
+                  f"Install flat-tokens-beam for `run`, `export` and `index`.", file=sys.stderr)
             return 2
         print(f"flat-tokens: error: unknown command {argv[0]!r}\n\n{usage(commands)}", file=sys.stderr)
         return 2

@@ -39,7 +39,7 @@ from flat_tokens.reader import SPLITS, DatasetError, FlatTokensSplit, inputs_tar
 from flat_tokens.tools.verify import storage_option
 from flat_tokens.format import storage_faults
 from flat_tokens.format.mixture_table import source_table
-from flat_tokens.format.report_files import EARLIER, read_report, row_texts
+from flat_tokens.format.report_files import EARLIER, EARLIER_NEAR, read_report, row_texts
 
 USAGE_ERROR = 2
 BAR_WIDTH = 40
@@ -449,6 +449,8 @@ def render_duplicates(rows: list[dict], width: int = 60) -> str:
     for row in rows:
         similarity = ("exact copy" if row["match"] == "exact" else "exact copy of a text this earlier dataset holds"
                       if row["match"] == EARLIER
+                      else f"near-copy of a text this earlier dataset holds, estimated Jaccard "
+                           f"{row['estimated_similarity']:.3f}" if row["match"] == EARLIER_NEAR
                       else f"near-copy, estimated Jaccard {row['estimated_similarity']:.3f}")
         out.append(f"removed {row['removed_file']} @ {row['removed_offset']}  |  kept {row['kept_file']} @ "
                    f"{row['kept_offset']}  ({similarity})")

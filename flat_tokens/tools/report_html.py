@@ -398,6 +398,8 @@ def dedup_report(d: dict) -> list[str]:
         for p in d["pairs"]:
             how = ("exact copy" if p["match"] == "exact" else
                    "exact copy of a text an earlier dataset holds" if p["match"] == "earlier" else
+                   f"near-copy of a text an earlier dataset holds, estimated Jaccard "
+                   f"{p['estimated_similarity']:.3f}" if p["match"] == "earlier_near" else
                    f"near-copy, estimated Jaccard {p['estimated_similarity']:.3f}")
             out.append(f'<p class="where">{esc(p["removed_file"])} @ {esc(p["removed_offset"])} | kept '
                        f'{esc(p["kept_file"])} @ {esc(p["kept_offset"])} ({how})</p>'

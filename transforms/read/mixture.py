@@ -227,6 +227,7 @@ def sampling_plan(mixture: Mixture, train_tokens: list[int]) -> tuple[Fraction, 
 
 EMPTY = "empty"  # documents that tokenized to nothing
 NEAR_DUPLICATES = "near_duplicates"  # texts removed by --dedup near as near-copies of a kept text
+DEDUP_AGAINST = "dedup_against"  # texts removed by --dedup_against as held by earlier datasets
 TRAIN_DOCUMENTS = "train_documents"  # distinct documents available to train
 TRAIN_SEQUENCES = "train_sequences"  # copies written to train
 VALIDATION_SEQUENCES = "validation_sequences"
@@ -257,11 +258,13 @@ def check_source_accounts(mixture: Mixture, counts: dict) -> None:
     for i, (source, sampling) in enumerate(zip(mixture.sources, plan)):
         c = source_counts(counts, i)
         near = counts.get(source_key(i, NEAR_DUPLICATES), 0)
-        used = (c[EMPTY] + c[DUPLICATES] + near + c[TOO_SHORT] + c[TRAIN_DOCUMENTS] + c[VALIDATION_SEQUENCES]
-                - c[EXTRA_SEQUENCES])
+        against = counts.get(source_key(i, DEDUP_AGAINST), 0)
+        used = (c[EMPTY] + c[DUPLICATES] + near + against + c[TOO_SHORT] + c[TRAIN_DOCUMENTS]
+                + c[VALIDATION_SEQUENCES] - c[EXTRA_SEQUENCES])
         if used != c[DOCUMENTS]:
             raise RuntimeError(f"source {source.name!r}: {c[DOCUMENTS]} documents read, but {c[EMPTY]} empty + "
-                               f"{c[DUPLICATES]} duplicates + {near} near-duplicates + {c[TOO_SHORT]} too short + "
+                               f"{c[DUPLICATES]} duplicates + {near} near-duplicates + {against} held by earlier "
+                               f"datasets + {c[TOO_SHORT]} too short + "
                                f"{c[TRAIN_DOCUMENTS]} train + {c[VALIDATION_SEQUENCES]} validation - "
                                f"{c[EXTRA_SEQUENCES]} extra pieces = {used}")
         low, high = sampling.whole * c[TRAIN_DOCUMENTS], math.ceil(sampling.multiplier) * c[TRAIN_DOCUMENTS]
@@ -281,6 +284,8 @@ def report(mixture: Mixture, counts: dict) -> dict:
         entry.update(c)
         if source_key(i, NEAR_DUPLICATES) in counts:  # --dedup near
             entry[NEAR_DUPLICATES] = counts[source_key(i, NEAR_DUPLICATES)]
+        if source_key(i, DEDUP_AGAINST) in counts:  # --dedup_against
+            entry[DEDUP_AGAINST] = counts[source_key(i, DEDUP_AGAINST)]
         entry["multiplier"] = float(sampling.multiplier)
         entry["train_share"] = c[TRAIN_TOKENS] / train_total if train_total else 0.0
     described["train_tokens_target"] = float(total)

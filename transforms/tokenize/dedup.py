@@ -26,12 +26,13 @@ from transforms.read import mixture
 from transforms.read.inputs import input_index
 from transforms.records import SPLITS, DedupPart, DistinctBatch, TokenizedBatch, narrowest_ids
 from transforms.segments import gather_segments, groups_of
-from transforms.tokenize import dedup_index, dedup_report
+from transforms.tokenize import dedup_index, dedup_report, near_index
 from transforms.tokenize.near_dedup import FindNearDuplicates
 
 COUNTS = "counts"
 REPORT = "report"  # --dedup_report: keyed ReportRows ...
 KEPT_PLACES = "kept_places"  # ... and KeptPlaces
+INDEX = "index"  # the dedup index's rows: dedup_index.IndexRows
 NEAR_DUPLICATES = "near_duplicates"  # the count of texts removed as near-copies (--dedup near)
 _AUTO = 2  # a vote that the content hash decides
 
@@ -72,19 +73,25 @@ def drop_duplicates(keyed_parts, seed: int, validation_fraction: float, source_o
     With --dedup_against, (shard, {parts, earlier, ...}): a kept text that an earlier dataset
     holds (dedup_index.held_earlier) is removed too, counted per earlier dataset.
 
-    With --dedup near, (shard, {parts, decisions}): the texts that FindNearDuplicates found
-    to be near-copies of another are removed too (counted per source of their kept copy),
-    and each kept text of a cluster gets its cluster's split.
+    With --dedup near, (shard, {parts, decisions, near_keys}): the texts that
+    FindNearDuplicates found to be near-copies of another are removed too (counted per source
+    of their kept copy), and each kept text of a cluster gets its cluster's split; with
+    --dedup_against too, {.., held_near}: a kept text that is a near-copy of an earlier
+    dataset's (near_index.HeldNear) is removed, counted per earlier dataset.
+
+    Tagged `index`: the kept texts' dedup_index.IndexRows (with their near keys under near).
 
     With `report_shards` (--dedup_report: the dedup shard count), tagged `report`: the rows of
     the removed copies (dedup_report.removal_rows) and the places of the kept texts that near
     decisions may name, keyed by dedup shard."""
     _, grouped = keyed_parts
-    decisions = earlier = None
+    decisions = earlier = near_keys = held_near = None
     if isinstance(grouped, dict):
         parts = list(grouped["parts"])
         decisions = list(grouped["decisions"]) if "decisions" in grouped else None
         earlier = list(grouped["earlier"]) if "earlier" in grouped else None
+        near_keys = list(grouped["near_keys"]) if "near_keys" in grouped else None
+        held_near = list(grouped["held_near"]) if "held_near" in grouped else None
     else:
         parts = list(grouped)
     if not parts:
@@ -131,25 +138,44 @@ def drop_duplicates(keyed_parts, seed: int, validation_fraction: float, source_o
         if source_of_input is not None:
             for source, n in enumerate(np.bincount(sources[kept[near]], minlength=max(source_of_input) + 1).tolist()):
                 counts[mixture.source_key(source, mixture.NEAR_DUPLICATES)] = n
-    held = None
+    held = held_kept = held_similarity = None
     if earlier is not None:  # --dedup_against: a text an earlier dataset holds is removed, whatever its split
         held = dedup_index.held_earlier(digests[kept], earlier)
         held[near] = -1  # removed already, as a near-copy
+        held_kept, held_similarity = digests[kept], np.ones(kept.size, dtype=np.float32)
+    if held_near:  # ... and, with --dedup near, a near-copy of a text it holds (an exact copy first)
+        found = near_index.first_held(held_near)
+        at = _locate_unsorted(digests[kept], found.digests)
+        chosen = (held[at] < 0) & ~near[at]
+        at, found = at[chosen], found.take(chosen)
+        held[at] = found.datasets
+        held_kept, held_similarity = held_kept.copy(), held_similarity.copy()
+        held_kept[at], held_similarity[at] = found.earlier, found.similarity
+        for dataset, n in zip(*np.unique(found.datasets, return_counts=True)):
+            counts[f"{near_index.NEAR_AGAINST}:{int(dataset)}"] = int(n)
     if report_shards is not None:
         keys = np.repeat(np.array([p.file_key for p in parts], dtype=object), sizes)
         if decisions is None:
             kept_digests, similarity = digests[kept], np.ones(kept.size, dtype=np.float32)
         for keyed in dedup_report.removal_rows(keys, offsets, digests, order, starts, near, kept_digests, similarity,
-                                               seed, report_shards, held):
+                                               seed, report_shards, held, held_kept, held_similarity):
             yield beam.pvalue.TaggedOutput(REPORT, keyed)
     if held is not None:
         for dataset, n in zip(*np.unique(held[held >= 0], return_counts=True)):
             counts[f"{dedup_index.AGAINST}:{int(dataset)}"] = int(n)
+        if source_of_input is not None:  # credited to the source of the text's kept copy, as near-copies are
+            for source, n in enumerate(np.bincount(sources[kept[held >= 0]],
+                                                   minlength=max(source_of_input) + 1).tolist()):
+                counts[mixture.source_key(source, mixture.DEDUP_AGAINST)] = n
         near = near | (held >= 0)
     if decisions is not None or earlier is not None:
         kept, splits = kept[~near], splits[~near]
     yield DistinctBatch(digests=digests[kept], splits=splits.astype(np.int8), sources=sources[kept],
                         lengths=lengths[kept], ids=narrowest_ids(kept_documents(parts, sizes, lengths, kept)))
+    near_rows = (None, None)
+    if near_keys is not None:  # --dedup near: a shard without signed texts has no keys (zeros)
+        near_rows = near_index.NearKeys.concatenate(near_keys or [near_index.NearKeys.none()]).of(digests[kept])
+    yield beam.pvalue.TaggedOutput(INDEX, dedup_index.IndexRows(digests[kept], splits.astype(np.int8), *near_rows))
     if source_of_input is not None:
         for source, n in enumerate(np.bincount(sources[removed], minlength=max(source_of_input) + 1).tolist()):
             counts[mixture.source_key(source, mixture.DUPLICATES)] = n
@@ -176,6 +202,15 @@ def _near_decided(digests: np.ndarray, decisions) -> tuple[np.ndarray, np.ndarra
     kept[at] = np.concatenate([d.kept for d in decisions])[theirs]
     similarity[at] = np.concatenate([d.similarity for d in decisions])[theirs]
     return near, split, kept, similarity
+
+
+def _locate_unsorted(haystack: np.ndarray, needles: np.ndarray) -> np.ndarray:
+    """Positions in `haystack` ((n, 2) uint64 rows, distinct) of each of `needles` (all in it)."""
+    order = np.lexsort((haystack[:, 1], haystack[:, 0]))
+    wanted = np.lexsort((needles[:, 1], needles[:, 0]))
+    at = np.empty(needles.shape[0], dtype=np.int64)
+    at[wanted] = order[_locate(haystack[order], np.ascontiguousarray(needles[wanted]))]
+    return at
 
 
 def _locate(haystack: np.ndarray, needles: np.ndarray) -> np.ndarray:
@@ -213,6 +248,7 @@ class Deduplicated(NamedTuple):
     batches: beam.PCollection  # DistinctBatches
     counts: beam.PCollection  # count dicts
     report: dict | None = None  # --dedup_report: {rows: keyed ReportRows, kept: keyed KeptPlaces}
+    index: beam.PCollection | None = None  # the dedup index's rows: dedup_index.IndexRows
 
 
 class DropDuplicates(beam.PTransform):
@@ -226,9 +262,11 @@ class DropDuplicates(beam.PTransform):
 
     def __init__(self, seed: int, validation_fraction: float, num_shards: int,
                  source_of_input: list[int] | None = None, near: tuple | None = None, spill_dir: str | None = None,
-                 report: bool = False, earlier=None):
+                 report: bool = False, earlier=None, earlier_near=None):
         super().__init__()
         self._earlier = earlier  # --dedup_against: (shard, EarlierTexts) (dedup_index.read_earlier)
+        # ... and with --dedup near, (band shard, BandEntries) (near_index.read_earlier_near)
+        self._earlier_near = earlier_near
         self._report = report
         self._spill_dir = spill_dir
         self._seed = seed
@@ -244,10 +282,14 @@ class DropDuplicates(beam.PTransform):
         joined = {"parts": parts}
         if self._near is not None:
             settings, threshold = self._near
-            decisions, near_counts = batches | "FindNearDuplicates" >> FindNearDuplicates(
-                settings, threshold, self._seed, self._validation_fraction, self._num_shards, self._spill_dir)
-            counted.append(near_counts)
-            joined["decisions"] = decisions
+            found = batches | "FindNearDuplicates" >> FindNearDuplicates(
+                settings, threshold, self._seed, self._validation_fraction, self._num_shards, self._spill_dir,
+                earlier=self._earlier_near)
+            counted.append(found.counts)
+            joined["decisions"] = found.decisions
+            joined["near_keys"] = found.keys
+            if found.held is not None:
+                joined["held_near"] = found.held
         if self._earlier is not None:
             joined["earlier"] = self._earlier
         if len(joined) == 1:
@@ -257,9 +299,9 @@ class DropDuplicates(beam.PTransform):
         distinct = grouped | "KeepOneCopy" >> beam.FlatMap(
             drop_duplicates, self._seed, self._validation_fraction, self._source_of_input,
             self._num_shards if self._report else None) \
-            .with_outputs(COUNTS, REPORT, KEPT_PLACES, main="batches")
+            .with_outputs(COUNTS, REPORT, KEPT_PLACES, INDEX, main="batches")
         counts = distinct[COUNTS]
         if counted:
             counts = (counts, *counted) | "DedupCounts" >> beam.Flatten()
         report = {"rows": distinct[REPORT], "kept": distinct[KEPT_PLACES]} if self._report else None
-        return Deduplicated(distinct.batches, counts, report)
+        return Deduplicated(distinct.batches, counts, report, distinct[INDEX])

@@ -28,7 +28,7 @@ from fsspec.core import url_to_fs
 from transforms import create_only, hashing
 from transforms.read.inputs import place_name
 from transforms.records import RecordCoder
-from flat_tokens.format.report_files import EARLIER, PARQUET_SUFFIX, report_file_name, report_format
+from flat_tokens.format.report_files import EARLIER, EARLIER_NEAR, PARQUET_SUFFIX, report_file_name, report_format
 
 REPORT_ROWS = "dedup_report_rows"  # the count key: rows written
 
@@ -80,14 +80,17 @@ for _record in (ReportRows, KeptPlaces):
 
 def removal_rows(keys: np.ndarray, offsets: np.ndarray, digests: np.ndarray, order: np.ndarray,
                  starts: np.ndarray, near: np.ndarray, kept_digests: np.ndarray, similarity: np.ndarray,
-                 seed: int, num_shards: int, held: np.ndarray | None = None):
+                 seed: int, num_shards: int, held: np.ndarray | None = None, held_kept: np.ndarray | None = None,
+                 held_similarity: np.ndarray | None = None):
     """One dedup shard's rows, keyed by the dedup shard where each is completed.
 
     `keys`, `offsets`, `digests`: the shard's copies; `order` sorts them by text, then place,
     each text's copies starting at `starts` (the first is its kept copy); `near`: whether
     each text was removed as a near-copy, for the kept text of `kept_digests` at estimated
     `similarity`. `held` (--dedup_against): per text, the earlier dataset that holds it, or -1;
-    every copy of a text held earlier, its kept copy too, names that dataset as kept.
+    every copy of a text held earlier, its kept copy too, names that dataset as kept, and the
+    earlier text's digest (`held_kept`: its own for an exact copy, another for a near-copy)
+    at `held_similarity`.
     Yields (shard, ReportRows) and (shard, KeptPlaces)."""
     sizes = np.diff(np.append(starts, order.size))
     text_of = np.repeat(np.arange(starts.size), sizes)  # per sorted copy
@@ -106,8 +109,10 @@ def removal_rows(keys: np.ndarray, offsets: np.ndarray, digests: np.ndarray, ord
         copies = order[earlier]
         n = copies.size
         kept_keys = np.array([earlier_key(int(d)) for d in held[text_of[earlier]]], dtype=object)
+        texts = text_of[earlier]
         rows = ReportRows(keys[copies], offsets[copies], digests[copies], kept_keys, np.zeros(n, dtype=np.uint64),
-                          digests[copies], np.zeros(n, dtype=bool), np.ones(n, dtype=np.float32))
+                          digests[copies] if held_kept is None else held_kept[texts], np.zeros(n, dtype=bool),
+                          np.ones(n, dtype=np.float32) if held_similarity is None else held_similarity[texts])
         yield from _keyed(rows, digests[copies], seed, num_shards)
     removed = near[text_of]  # every copy of a text removed as a near-copy
     if removed.any():
@@ -165,13 +170,17 @@ def row_dicts(rows: ReportRows, urls: dict[str, str]) -> list[dict]:
     for i in range(rows.near.size):
         removed, kept = rows.removed_keys[i], rows.kept_keys[i]
         near = bool(rows.near[i])
+        earlier = str(kept).startswith(EARLIER_KEY)
+        # A near-copy of an earlier text names that text's digest, an exact copy its own.
+        earlier_near = earlier and not np.array_equal(rows.kept_digests[i], rows.removed_digests[i])
         out.append({
             "removed_file": urls.get(removed, place_name(removed)), "removed_offset": int(rows.removed_offsets[i]),
             "removed_digest": _hex(rows.removed_digests[i]),
             "kept_file": urls.get(kept, place_name(kept)), "kept_offset": int(rows.kept_offsets[i]),
             "kept_digest": _hex(rows.kept_digests[i]),
-            "match": NEAR if near else EARLIER if str(kept).startswith(EARLIER_KEY) else EXACT,
-            "estimated_similarity": round(float(rows.estimated[i]), 4), "similarity": None if near else 1.0})
+            "match": NEAR if near else EARLIER_NEAR if earlier_near else EARLIER if earlier else EXACT,
+            "estimated_similarity": round(float(rows.estimated[i]), 4),
+            "similarity": None if near or earlier_near else 1.0})
     return out
 
 

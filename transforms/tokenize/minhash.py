@@ -317,8 +317,14 @@ def signed(signatures_: np.ndarray) -> np.ndarray:
 def band_hashes(signatures_: np.ndarray, bands: int, rows: int) -> np.ndarray:
     """(documents, bands) uint64: the hash of each band's `rows` consecutive bins of the
     densified signature, and its index."""
-    n = signatures_.shape[0]
-    values = densified(signatures_)[:, :bands * rows].reshape(n, bands, rows).astype(np.uint64)
+    return hash_bands(densified(signatures_), bands, rows)
+
+
+def hash_bands(dense: np.ndarray, bands: int, rows: int) -> np.ndarray:
+    """(documents, bands) uint64: the hash of each band's `rows` consecutive bins of already
+    densified signatures (their first bands * rows bins), and its index."""
+    n = dense.shape[0]
+    values = dense[:, :bands * rows].reshape(n, bands, rows).astype(np.uint64)
     with np.errstate(over="ignore"):
         h = (values * _BAND[:rows]).sum(axis=2, dtype=np.uint64)
         h += _BAND[MAX_HASHES + np.arange(bands)]

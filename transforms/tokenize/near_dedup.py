@@ -54,6 +54,7 @@ import hashlib
 import math
 import os
 import uuid
+from typing import NamedTuple
 
 import apache_beam as beam
 import numpy as np
@@ -62,7 +63,7 @@ from transforms import hashing
 from transforms.read.inputs import input_index
 from transforms.records import BandPart, Edges, NearDecisions, NodePart, Nodes, TokenizedBatch
 from transforms.segments import groups_of
-from transforms.tokenize import minhash
+from transforms.tokenize import minhash, near_index
 from transforms.write_behind import WritesBehindWithSpillDir
 
 TRAIN, AUTO, VALIDATION = 0, 1, 2  # a text's vote for its split: the largest of its copies' wins
@@ -73,6 +74,7 @@ NODES = "nodes"
 NEAR = "near"
 LINK_MARGIN = 0.1  # pairs this far below the threshold still put their texts in one split
 STARS, RESIDUAL = "stars", "residual"
+HELD = "held"  # --dedup_against: texts that are near-copies of earlier datasets' (near_index.py)
 # The count dicts' keys (summed by the job's SumCounts; the commit reports them).
 CANDIDATE_PAIRS = "near_candidate_pairs"
 VERIFIED_PAIRS = "near_verified_pairs"
@@ -202,13 +204,19 @@ def node_table(keyed_parts):
 # ---------------------------------------------------------------------------------------------
 # candidates
 
-def key_by_band(keyed_table, bands: int, rows: int, num_shards: int):
-    """(shard, node table) -> (band shard, BandPart) for each band shard its nodes' bands hit."""
-    _, table = keyed_table
-    hashes = minhash.band_hashes(table.signatures, bands, rows).ravel()
+def key_by_band(keyed_table, bands: int, rows: int, num_shards: int, against: bool = False):
+    """(shard, node table) -> (band shard, BandPart) for each band shard its nodes' bands hit;
+    tagged `keys`: (shard, near_index.NearKeys) of its nodes, the dedup index's near part, and
+    with `against` (--dedup_against) tagged `bands`: (band shard, near_index.BandEntries).
+    One densification of the signatures serves both."""
+    shard, table = keyed_table
+    dense = minhash.densified(table.signatures)
+    hashes = minhash.hash_bands(dense, bands, rows).ravel()
     nodes, order_keys = np.repeat(table.ids, bands), np.repeat(table.digests[:, 0], bands)
-    for shard, members in groups_of(hashing.shard_of(hashes, num_shards)):
-        yield int(shard), BandPart(hashes[members], nodes[members], order_keys[members])
+    for band_shard, members in groups_of(hashing.shard_of(hashes, num_shards)):
+        yield int(band_shard), BandPart(hashes[members], nodes[members], order_keys[members])
+    for tag, keyed in near_index.table_keys(shard, table, dense, num_shards, against):
+        yield beam.pvalue.TaggedOutput(tag, keyed)
 
 
 def candidate_pairs(keyed_parts):
@@ -457,9 +465,10 @@ def relabel(keyed):
 
 
 def label_nodes(keyed):
-    """(node shard, {edges: (child, root), nodes: Nodes, near: near-copy pairs (a, b)}) ->
-    (shard of the root, Edges(root, node, nodes=the node)) for each node (a node with no
-    parent is a root); tagged `near`: (shard of the root, Edges(a, b)) for each pair."""
+    """(node shard, {edges: (child, root), nodes: Nodes, near: near-copy pairs (a, b), held:
+    HeldNear}) -> (shard of the root, Edges(root, node, nodes=the node)) for each node (a node
+    with no parent is a root); tagged `near`: (shard of the root, Edges(a, b)) for each pair;
+    tagged `held`: (shard of the root, node ids) of the nodes earlier datasets hold."""
     _, grouped = keyed
     nodes = list(grouped[NODES])
     if not nodes:
@@ -476,6 +485,11 @@ def label_nodes(keyed):
         root[found] = p[at[found]]
     for shard, members in groups_of(shard_of_node(root)):
         yield int(shard), Edges(root[members], nodes.ids[members], None, nodes.take(members))
+    held = list(grouped.get(HELD, ()))
+    if held:
+        of_mine = np.isin(nodes.ids, np.concatenate([h.ids for h in held]))
+        for shard, members in groups_of(shard_of_node(root[of_mine])):
+            yield beam.pvalue.TaggedOutput(HELD, (int(shard), nodes.ids[of_mine][members]))
     pairs = list(grouped[NEAR])
     if pairs:
         a, b = _edges_of(pairs)
@@ -509,7 +523,9 @@ def choose_kept(keyed, threshold: float, seed: int, validation_fraction: float):
                                               members.digests[starts][auto])
         splits[auto] = hashing.below_fraction(split_hashes, validation_fraction)
     pairs = list(grouped[NEAR])
-    kept_of = keep_greedily(members, *(_edges_of(pairs) if pairs else (np.empty(0, np.uint64),) * 2))
+    held = list(grouped.get(HELD, ()))
+    held = np.isin(members.ids, np.concatenate(held)) if held else None
+    kept_of = keep_greedily(members, *(_edges_of(pairs) if pairs else (np.empty(0, np.uint64),) * 2), held)
     removed = kept_of != np.arange(kept_of.size)
     cluster_split = np.repeat(splits, sizes)
     same, filled = minhash.agreement(members.signatures, members.signatures[kept_of])
@@ -523,13 +539,17 @@ def choose_kept(keyed, threshold: float, seed: int, validation_fraction: float):
                                             FALSE_POSITIVES_MICRO: expected_false_positives(same, filled, threshold)})
 
 
-def keep_greedily(members: Nodes, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+def keep_greedily(members: Nodes, a: np.ndarray, b: np.ndarray, held: np.ndarray | None = None) -> np.ndarray:
     """For each of `members` (sorted by rank), the index of the member kept for it: itself when
     it is kept. Members are taken best rank first; one is removed when it is a near-copy (a
     pair (a, b)) of a member already kept, and matched to the best-ranked such member; else it
     is kept. So every removed text is a verified near-copy of the kept text it names (merging
     whole components of the pairs instead removed the far end of chains: A ~ B ~ C with A and
-    C at Jaccard 0.64), and the choice is the same on any runner and shard count."""
+    C at Jaccard 0.64), and the choice is the same on any runner and shard count.
+
+    `held` (--dedup_against): members that earlier datasets hold as near-copies, removed by
+    that: they are not kept, so a member that is a near-copy of them only is kept (its own
+    near-copies of earlier texts are found the same way), and their own entry stays theirs."""
     kept_of = np.arange(members.ids.size)
     if a.size == 0:
         return kept_of
@@ -541,8 +561,10 @@ def keep_greedily(members: Nodes, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     better, worse = better[order], worse[order]
     starts = _run_starts(worse)
     stops = np.append(starts[1:], worse.size)
-    kept = np.ones(kept_of.size, dtype=bool)
+    kept = np.ones(kept_of.size, dtype=bool) if held is None else ~held
     for member, lo, hi in zip(worse[starts].tolist(), starts.tolist(), stops.tolist()):
+        if not kept[member]:
+            continue  # held by an earlier dataset
         partners = better[lo:hi]
         taken = np.flatnonzero(kept[partners])
         if taken.size:
@@ -568,13 +590,25 @@ def expected_false_positives(same: np.ndarray, filled: np.ndarray, threshold: fl
 
 # ---------------------------------------------------------------------------------------------
 
+class NearFound(NamedTuple):
+    decisions: beam.PCollection  # (dedup shard, NearDecisions)
+    counts: beam.PCollection  # count dicts
+    keys: beam.PCollection  # (dedup shard, near_index.NearKeys): the dedup index's near part
+    held: beam.PCollection | None  # --dedup_against: (dedup shard, near_index.HeldNear)
+
+
 class FindNearDuplicates(beam.PTransform):
-    """TokenizedBatches with digests and signatures -> (dedup shard, NearDecisions) (main output
-    `decisions`) and count dicts (`counts`)."""
+    """TokenizedBatches with digests and signatures -> NearFound: (dedup shard, NearDecisions),
+    count dicts, the near keys of the index, and, with `earlier` (--dedup_against: (band
+    shard, near_index.BandEntries) of the earlier datasets' texts), the texts that are
+    near-copies of earlier ones; those are removed by that, and taken as not kept when their
+    clusters choose what to keep (keep_greedily)."""
 
     def __init__(self, settings: minhash.MinHashSettings, threshold: float, seed: int,
-                 validation_fraction: float, num_shards: int, spill_dir: str | None = None, rounds: int = ROUNDS):
+                 validation_fraction: float, num_shards: int, spill_dir: str | None = None, rounds: int = ROUNDS,
+                 earlier=None):
         super().__init__()
+        self._earlier = earlier
         self._spill_dir = spill_dir
         self._settings = settings
         self._threshold = threshold
@@ -591,9 +625,19 @@ class FindNearDuplicates(beam.PTransform):
             | "GroupCopies" >> beam.GroupByKey()
             | "NodeTables" >> beam.FlatMap(node_table).with_output_types(tuple[int, Nodes])
         )
+        keyed = tables | "KeyByBand" >> beam.FlatMap(key_by_band, s.bands, s.rows, n, self._earlier is not None) \
+            .with_outputs(near_index.KEYS, near_index.BANDS, main="parts")
+        held = None
+        if self._earlier is not None:
+            needed = near_index.needed_bits(self._threshold, s.hashes, VERIFY_Z)
+            held = (
+                {"new": keyed[near_index.BANDS], "earlier": self._earlier}
+                | "JoinEarlierBands" >> beam.CoGroupByKey()
+                | "MatchEarlier" >> beam.FlatMap(
+                    near_index.match_earlier, needed, near_index.sketch_bits(s.hashes))
+            )
         requests = (
-            tables
-            | "KeyByBand" >> beam.FlatMap(key_by_band, s.bands, s.rows, n).with_output_types(tuple[int, BandPart])
+            keyed.parts
             | "GroupByBand" >> beam.GroupByKey()
             | "CandidatePairs" >> beam.FlatMap(candidate_pairs).with_output_types(tuple[int, Edges])
         )
@@ -631,16 +675,22 @@ class FindNearDuplicates(beam.PTransform):
             | "JoinRoots" >> beam.CoGroupByKey()
             | "Relabel" >> beam.FlatMap(relabel).with_output_types(tuple[int, Edges])
         )
+        joined = {"edges": labels, NODES: verified[NODES], NEAR: verified[NEAR]}
+        if held is not None:
+            joined[HELD] = held
         members = (
-            {"edges": labels, NODES: verified[NODES], NEAR: verified[NEAR]}
+            joined
             | "JoinMembers" >> beam.CoGroupByKey()
-            | "LabelMembers" >> beam.FlatMap(label_nodes).with_outputs(NEAR, main="members")
+            | "LabelMembers" >> beam.FlatMap(label_nodes).with_outputs(NEAR, HELD, main="members")
         )
+        components_of = {"members": members.members, NEAR: members[NEAR]}
+        if held is not None:
+            components_of[HELD] = members[HELD]
         chosen = (
-            {"members": members.members, NEAR: members[NEAR]}
+            components_of
             | "GroupComponents" >> beam.CoGroupByKey()
             | "ChooseKept" >> beam.FlatMap(choose_kept, self._threshold, self._seed, self._validation_fraction)
             .with_outputs(COUNTS, main="decisions")
         )
         counts = ((verified[COUNTS], finished[COUNTS], chosen[COUNTS]) | "NearCounts" >> beam.Flatten())
-        return chosen.decisions, counts
+        return NearFound(chosen.decisions, counts, keyed[near_index.KEYS], held)

@@ -98,6 +98,10 @@ def check_mixture_accounts(stats: dict, counts: dict, mixture: mix.Mixture) -> N
     if near != stats.get(mix.NEAR_DUPLICATES, 0):
         raise RuntimeError(f"mixture accounting failed: the sources' near-duplicates add up to {near}, "
                            f"but the input has {stats.get(mix.NEAR_DUPLICATES, 0)}")
+    against = sum(counts.get(mix.source_key(i, mix.DEDUP_AGAINST), 0) for i in range(n))
+    if against != stats.get(mix.DEDUP_AGAINST, 0):
+        raise RuntimeError(f"mixture accounting failed: the sources' texts held by earlier datasets add up to "
+                           f"{against}, but the input has {stats.get(mix.DEDUP_AGAINST, 0)}")
     for what in (mix.DOCUMENTS, mix.EMPTY, mix.DUPLICATES, mix.TOO_SHORT, mix.EXTRA_SEQUENCES):
         if per_source[what] != stats.get(what, 0):
             raise RuntimeError(f"mixture accounting failed: the sources' {what} add up to {per_source[what]}, "
@@ -129,6 +133,8 @@ class CommitFn(beam.DoFn):
 
     def commit(self, chunks_written: dict, layout, counts) -> dict:
         stats = dataset_stats(counts, layout)
+        if "near" in stats.get("dedup_index", {}) and "near_dedup" in self._provenance:
+            dedup_index.near_index_stats(stats["dedup_index"], self._provenance["near_dedup"])
         if "dedup_against" in self._provenance:  # before the accounts: its removals are among the documents
             stats.update(dedup_index.against_stats(counts, self._provenance["dedup_against"]))
         check_accounts(stats, chunks_written, self._target, counts, self._mixture)
