@@ -18,25 +18,27 @@ CODE_POINTS = 0x110000
 class LazyCodePointTable:
     """values(points) -> the entries of `points` (uint32 code points); `compute(new)` gives the
     entries of the code points not seen yet (a sorted array of distinct ones), as an array of
-    the table's dtype. The same on any thread: an entry is a pure function of its code point."""
+    the table's dtype, never `unknown` (the entry of a code point not computed yet, so that a
+    lookup is one gather). The same on any thread: an entry is a pure function of its code
+    point."""
 
-    def __init__(self, dtype, compute):
+    def __init__(self, dtype, compute, unknown):
         self._compute = compute
-        self._known = np.zeros(CODE_POINTS, dtype=bool)
-        self._values = np.zeros(CODE_POINTS, dtype=dtype)
+        self._unknown = unknown
+        self._values = np.full(CODE_POINTS, unknown, dtype=dtype)
         self._lock = threading.Lock()
 
     def values(self, points: np.ndarray) -> np.ndarray:
-        self.fill(points)
-        return self._values[points]
-
-    def fill(self, points: np.ndarray) -> None:
-        """Computes the entries of the code points of `points` not seen yet."""
-        new = points[~self._known[points]]
-        if new.size:
+        values = self._values[points]
+        new = values == self._unknown
+        if new.any():
             with self._lock:
-                new = np.unique(new)
-                new = new[~self._known[new]]
-                if new.size:
-                    self._values[new] = self._compute(new)
-                    self._known[new] = True  # after the values: a reader that sees it known sees them
+                todo = np.unique(points[new])
+                todo = todo[self._values[todo] == self._unknown]
+                if todo.size:
+                    computed = self._compute(todo)
+                    if (computed == self._unknown).any():
+                        raise ValueError("a code point's entry is the table's `unknown`")
+                    self._values[todo] = computed
+            values[new] = self._values[points[new]]
+        return values
