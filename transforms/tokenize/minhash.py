@@ -439,8 +439,14 @@ def signed(signatures_: np.ndarray) -> np.ndarray:
 def band_hashes(signatures_: np.ndarray, bands: int, rows: int) -> np.ndarray:
     """(documents, bands) uint64: the hash of each band's `rows` consecutive bins of the
     densified signature, and its index."""
-    n = signatures_.shape[0]
-    values = densified(signatures_)[:, :bands * rows].reshape(n, bands, rows)
+    return hash_bands(densified(signatures_), bands, rows)
+
+
+def hash_bands(dense: np.ndarray, bands: int, rows: int) -> np.ndarray:
+    """(documents, bands) uint64: the hash of each band's `rows` consecutive bins of already
+    densified signatures (their first bands * rows bins), and its index."""
+    n = dense.shape[0]
+    values = dense[:, :bands * rows].reshape(n, bands, rows)
     # Row by row of the bands, over all documents' bands at once (a sum over the short last
     # axis of a (documents, bands, rows) array took 7x as long).
     h = np.zeros((n, bands), dtype=np.uint64)
