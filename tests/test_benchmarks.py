@@ -426,6 +426,26 @@ def test_bench_dedup_smoke(tmp_path):
 
 
 @pytest.mark.slow
+def test_bench_dedup_takes_a_short_document_corpus_as_it_is(tmp_path):
+    """--short_corpus: the given documents, every one, are the short-document corpus (the 5x
+    and quality runs skipped), and its ratio is printed with PASS or FAIL."""
+    texts = [json.loads(line)["text"] for line in open(SAMPLE / "corpus-2.jsonl", encoding="utf-8")][:120]
+    corpus = write_jsonl(tmp_path / "short.jsonl", texts)
+    results = tmp_path / "bench-dedup.json"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "bench_dedup.py"), "--input", str(corpus), "--tokenizer", "bytes",
+         "--short_corpus", str(corpus), "--no_cost", "--no_quality", "--rounds", "1", "--json", str(results)],
+        cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
+    assert "cost on short documents: 120 documents" in proc.stdout and str(corpus) in proc.stdout, proc.stdout
+    verdicts = [line for line in proc.stdout.splitlines() if "(target <= 1.6)" in line]
+    assert len(verdicts) == 1 and verdicts[0].endswith(("PASS", "FAIL")), proc.stdout
+    short = json.loads(results.read_text())["short"]
+    assert short["runs"]["a"][0]["sequences"] == len(set(texts)) and short["bytes"] == corpus.stat().st_size
+    assert corpus.exists()  # a given corpus is the user's: not removed
+
+
+@pytest.mark.slow
 def test_bench_report_smoke(tmp_path):
     proc = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "bench_report.py"), "--sizes_mb", "0.2", "1", "--repeats", "1",

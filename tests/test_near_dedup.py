@@ -330,6 +330,64 @@ def test_unicode_words_are_the_definitions():
         assert normalised.decode().split() == words_of(text), text
 
 
+# Characters whose normalisation depends on their neighbours (they compose with the one before,
+# are combining marks, or expand), in texts of otherwise plain letters of several scripts.
+NEIGHBOURS = ["ｶﾞｷﾞ ﾊﾟﾝ ｶﾀｶﾅ", "cafe\u0301 re\u0301sume\u0301 naïve", "\u1100\u1161\u11a8 \u1112\u1161\u11ab 한국어",
+              "a <\u0338 b =\u0338 c", "ᾳ ᾼ Ἀθῆναι \u03b1\u0345", "Straße ẞ ﬁne ﬀ ㍻ ½ Ⅻ ①",
+              "ŉ ǰ ΐ İ ı K Ω Å µ", "क\u093c ख़ ଓ\u0b3e \u0b47\u0b3e", "Ё ё е\u0308 Й й и\u0306 ТЕКСТ текст",
+              "ไม้เอก ภาษาไทย", "كَتَبَ العربية", "plain ascii then é"]
+
+
+def test_texts_of_any_characters_get_the_definitions_words():
+    """Texts mapped character by character (most) and texts normalised whole (those with
+    characters that interact with their neighbours), alone and in one batch: the words of
+    the whole-text definition."""
+    texts = NEIGHBOURS + MULTILINGUAL + ["".join(NEIGHBOURS), " ".join(MULTILINGUAL)]
+    for batch in ([t] for t in texts):
+        (normalised,) = minhash.normalised_words([t.encode() for t in batch])
+        assert normalised.decode().split() == words_of(batch[0]), batch[0]
+    together = minhash.normalised_words([t.encode() for t in texts])
+    assert [n.decode().split() for n in together] == [words_of(t) for t in texts]
+
+
+def test_densified_bins_take_the_first_filled_bin_in_their_order():
+    """Every empty bin of a signed row takes the value of the first filled bin in its probe
+    order (the definition, checked bin by bin), whatever the share of bins filled; a row with
+    no filled bin stays empty."""
+    rng = np.random.default_rng(5)
+    k = 64
+    signatures = rng.integers(0, minhash.EMPTY - 1, size=(300, k), dtype=np.uint16)
+    fill = rng.choice([0.0, 0.02, 0.1, 0.5, 0.9, 1.0], size=300)
+    signatures[rng.random((300, k)) > fill[:, None]] = minhash.EMPTY
+    order, _ = minhash.probe_order(k)
+    dense = minhash.densified(signatures)
+    for row, out in zip(signatures, dense):
+        filled = row != minhash.EMPTY
+        if not filled.any():
+            assert (out == minhash.EMPTY).all()
+            continue
+        expected = [v if f else row[next(j for j in order[i] if filled[j])] for i, (v, f) in enumerate(zip(row, filled))]
+        assert out.tolist() == expected
+
+
+def test_capitals_of_any_script_are_counted_as_defined():
+    """copy_defects' capital level: uppercase and cased letters counted code point by code
+    point as str.upper() and str.lower() change them, or (texts where a letter's case changes
+    its length, like ß) as str.isupper and str.islower say."""
+    from transforms.tokenize.copy_defects import CAPITAL_LEVELS, copy_defects
+
+    def capital_level(text: str) -> int:
+        upper, lower = text.upper(), text.lower()
+        if len(upper) == len(text) == len(lower):
+            counts = (sum(a != b for a, b in zip(text, lower)), sum(a != b for a, b in zip(lower, upper)))
+        else:
+            counts = (sum(c.isupper() for c in text), sum(c.isupper() or c.islower() for c in text))
+        return min(CAPITAL_LEVELS * counts[0] // max(counts[1], 1), CAPITAL_LEVELS - 1)
+
+    texts = NEIGHBOURS + MULTILINGUAL + [RUSSIAN, RUSSIAN.upper(), "ΟΔΟΣ ΣΟΦΟΣ οδος", "STRASSE Straße", "ǅemal ǄEMAL"]
+    assert ((copy_defects([t.encode() for t in texts]) >> 8).tolist() == [capital_level(t) for t in texts])
+
+
 def test_the_ascii_fast_path_makes_the_definitions_words():
     """ASCII texts skip the Unicode normalisation: their words hash as the normalised ones would."""
     texts = ["Hello, World! it's a_b  TEST-case 42x\ttab", "MIXED case: Ünïcödé and ASCII", "ﬁne ＦＵＬＬ ｗｉｄｔｈ"]

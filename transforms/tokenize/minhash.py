@@ -39,6 +39,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from transforms.tokenize.code_points import LazyCodePointTable
+
 WORDS, TOKENS = "words", "tokens"
 SHINGLES = (WORDS, TOKENS)
 MAX_HASHES = 1 << 12  # bins are picked by 16 bits of the hash; signatures stay small
@@ -60,7 +62,8 @@ def _odd_table(salt: int, n: int) -> np.ndarray:
 
 _GRAM = _odd_table(3 << 20, 64)  # position in the n-gram -> its multiplier
 _BAND = _odd_table(4 << 20, 2 * MAX_HASHES).astype(np.uint64) << np.uint64(32) | _odd_table(5 << 20, 2 * MAX_HASHES)
-_ROW_TRIES = 16  # densification's tries row by row, before the rest is found directly
+_ROW_TRIES = 32  # densification's tries bin by bin, before the rest is found directly
+_DENSIFY_ROWS = 4096  # signatures densified at once
 
 
 @dataclass(frozen=True)
@@ -117,40 +120,154 @@ _FIRST_BYTES = np.array([(1 << (8 * n)) - 1 for n in range(8)] + [(1 << 64) - 1]
 WORD_NORMALISATION = "nfkc-casefold-nfkd-nomarks"  # staged with signatures: what a word is
 
 
-WORD, MARK, SEPARATOR = 0, 1, 2  # what a code point is to the words (char_kinds)
+WORD, MARK, SEPARATOR = 0, 1, 2  # what a code point is to the words (kind_of)
+
+
+def kind_of(c: int) -> int:
+    """WORD (letters, digits, `_`: str.isalnum, Python's `\\w`), MARK (a combining mark,
+    categories Mn, Mc, Me: dropped) or SEPARATOR (everything else) for code point c. Planes 0
+    to 3 and 14 hold every character; planes 4 to 13 hold none yet and 15 to 16 are private
+    use: separators."""
+    if not (c < 0x40000 or 0xE0000 <= c < 0xE1000):
+        return SEPARATOR
+    ch = chr(c)
+    if ch.isalnum() or ch == "_":
+        return WORD
+    return MARK if unicodedata.category(ch).startswith("M") else SEPARATOR
+
+
+def _kinds(points: np.ndarray) -> np.ndarray:
+    return np.fromiter(map(kind_of, points.tolist()), dtype=np.uint8, count=points.size)
+
+
+KINDS = LazyCodePointTable(np.uint8, _kinds, unknown=255)  # kind_of each code point, as met
+
+
+def folded(text: str) -> str:
+    """NFKC, case folding, NFKD: a text's characters as words compare them."""
+    return unicodedata.normalize("NFKD", unicodedata.normalize("NFKC", text).casefold())
 
 
 @functools.lru_cache(maxsize=1)
-def char_kinds() -> np.ndarray:
-    """uint8 per code point: WORD (letters, digits, `_`: str.isalnum, Python's `\\w`), MARK (a
-    combining mark, categories Mn, Mc, Me: dropped) or SEPARATOR (everything else). Planes 0
-    to 3 and 14 are scanned (0.3 s, once a process); planes 4 to 13 hold no character yet
-    and 15 to 16 are private use: separators."""
-    kinds = np.full(0x110000, SEPARATOR, dtype=np.uint8)
-    for c in [*range(0x40000), *range(0xE0000, 0xE1000)]:
+def _composes_backward() -> np.ndarray:
+    """bool per code point: may compose with the character before it in NFKC (the second of a
+    canonical decomposition's pair, or a Hangul vowel or trailing consonant jamo). Canonical
+    pairs all lie below U+20000 (those above are single ideographs)."""
+    table = np.zeros(0x110000, dtype=bool)
+    for c in range(0x20000):
+        parts = unicodedata.decomposition(chr(c)).split()
+        if len(parts) == 2 and not parts[0].startswith("<"):
+            table[int(parts[1], 16)] = True
+    table[0x1161:0x1176] = table[0x11A8:0x11C3] = True
+    return table
+
+
+_UNSAFE = -1  # a _FOLDED entry: a code point whose text is normalised as a whole
+
+
+def _folded_entries(points: np.ndarray) -> np.ndarray:
+    """_FOLDED's entries for `points`: _UNSAFE, or where the code point's words (folded, marks
+    dropped, separators made spaces) lie in _FOLD_POOL: offset << 8 | length."""
+    backward = _composes_backward()
+    entries = np.empty(points.size, dtype=np.int64)
+    for i, c in enumerate(points.tolist()):
         ch = chr(c)
-        if ch.isalnum() or ch == "_":
-            kinds[c] = WORD
-        elif unicodedata.category(ch).startswith("M"):
-            kinds[c] = MARK
-    return kinds
+        alone = unicodedata.normalize("NFKD", ch)
+        out = folded(ch)
+        # A text of such characters only is normalised as the concatenation of theirs: none
+        # composes with the one before it (so NFKC composes within each one's NFKD only), and
+        # each one's NFKD and folded form start with a starter (combining class 0), so no
+        # canonical reordering crosses from one character's into the next's. Case folding is
+        # code point by code point.
+        if (unicodedata.combining(ch) or backward[c] or unicodedata.combining(alone[0]) or backward[ord(alone[0])]
+                or unicodedata.combining(out[0])):
+            entries[i] = _UNSAFE
+            continue
+        words = [32 if kind == SEPARATOR else p for p, kind in ((ord(x), kind_of(ord(x))) for x in out)
+                 if kind != MARK]
+        entries[i] = len(_FOLD_POOL) << 8 | len(words)
+        _FOLD_POOL.extend(words)
+    return entries
+
+
+_FOLD_POOL: list[int] = []  # the code points of every _FOLDED entry's words, end to end
+_FOLDED = LazyCodePointTable(np.int64, _folded_entries, unknown=-2)
+_NOT_ONE = 0xFFFFFFFF  # a _FOLDED_ONE entry: not one word character or space for one code point
+
+
+def _folded_one(points: np.ndarray) -> np.ndarray:
+    entries = _FOLDED.values(points)
+    pool = np.array(_FOLD_POOL, dtype=np.uint32)
+    one = (entries != _UNSAFE) & (entries & 0xFF == 1)
+    if not one.any():
+        return np.full(points.size, _NOT_ONE, dtype=np.uint32)
+    return np.where(one, pool[np.where(one, entries >> 8, 0)], _NOT_ONE).astype(np.uint32)
+
+
+_FOLDED_ONE = LazyCodePointTable(np.uint32, _folded_one, unknown=0xFFFFFFFE)  # most code points: the one they become
+
+
+def _normalised_by_table(texts: list[str]) -> tuple[np.ndarray, list[str]]:
+    """(which of `texts` (none empty) were normalised, their words) from each code point's
+    own: the texts made only of code points whose words do not depend on their neighbours
+    (_folded_entries); the others are left to the Unicode calls. The same words as
+    normalised_words' whole-text definition, at a gather per code point (the C calls ran at
+    4-10 MB/s on real German, Russian and Japanese text: NFKC and NFKD normalise a text
+    whole as soon as one character is not in normal form). A text whose every code point
+    becomes one character (most: é becomes e, ё е, ｶ カ) is one gather; the others (ß
+    becomes ss, a mark nothing) gather each code point's run of characters."""
+    sizes = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
+    starts = np.cumsum(sizes) - sizes
+    points = np.frombuffer("".join(texts).encode("utf-32-le"), dtype="<u4")
+    one = _FOLDED_ONE.values(points)
+    not_one = one == _NOT_ONE
+    simple = np.add.reduceat(not_one.view(np.uint8), starts, dtype=np.int64) == 0
+    words: list[str | None] = [None] * len(texts)
+    if simple.any():
+        text = np.where(not_one, np.uint32(32), one).astype("<u4").tobytes().decode("utf-32-le")
+        for j, a, b in zip(np.flatnonzero(simple).tolist(), starts[simple].tolist(), (starts + sizes)[simple].tolist()):
+            words[j] = text[a:b]
+    rest = np.flatnonzero(~simple)
+    safe = simple.copy()
+    if rest.size:
+        entries = _FOLDED.values(points[np.repeat(~simple, sizes)])
+        sizes = sizes[rest]
+        starts = np.cumsum(sizes) - sizes
+        safe[rest] = np.minimum.reduceat(entries, starts) != _UNSAFE
+        lengths = np.where(entries == _UNSAFE, 0, entries & 0xFF)
+        total = int(lengths.sum())
+        at = np.repeat((entries >> 8) - (np.cumsum(lengths) - lengths), lengths) + np.arange(total)
+        text = np.array(_FOLD_POOL, dtype="<u4")[at].tobytes().decode("utf-32-le")
+        ends = np.cumsum(np.add.reduceat(lengths, starts))
+        for j, a, b in zip(rest.tolist(), np.append(0, ends[:-1]).tolist(), ends.tolist()):
+            if safe[j]:
+                words[j] = text[a:b]
+    return safe, [w for w in words if w is not None]
 
 
 def normalised_words(encoded: list[bytes]) -> list[bytes]:
     """`encoded` (UTF-8 texts) normalised for words: NFKC, case folding, NFKD without combining
-    marks, every other non-word character a space. The Unicode steps are C calls per text; the
-    marks and separators go in one numpy pass over the code points of all the batch's
-    non-ASCII texts (a regex over them ran at 5 MB/s). ASCII texts stay as they are: the word
-    byte table lowercases and splits them alike, much faster."""
+    marks, every other non-word character a space. ASCII texts stay as they are: the word
+    byte table lowercases and splits them alike, much faster. Most others (all but those with
+    a combining mark or a character that composes with the one before it) are mapped code
+    point by code point (_normalised_by_table); the rest take the Unicode steps, C calls
+    per text, and the marks and separators go in one numpy pass over their code points (a
+    regex over them ran at 5 MB/s)."""
     out = list(encoded)
     others = [i for i, e in enumerate(encoded) if not e.isascii()]
     if not others:
         return out
-    folded = [unicodedata.normalize("NFKD", unicodedata.normalize("NFKC", encoded[i].decode("utf-8")).casefold())
-              for i in others]
-    sizes = np.fromiter(map(len, folded), dtype=np.int64, count=len(folded))
-    points = np.frombuffer("".join(folded).encode("utf-32-le"), dtype="<u4")
-    kinds = char_kinds()[points]
+    texts = [encoded[i].decode("utf-8") for i in others]
+    safe, words = _normalised_by_table(texts)
+    for i, w in zip(np.asarray(others)[safe].tolist(), words):
+        out[i] = w.encode("utf-8")
+    others = np.asarray(others)[~safe].tolist()
+    if not others:
+        return out
+    folded_texts = [folded(texts[j]) for j in np.flatnonzero(~safe).tolist()]
+    sizes = np.fromiter(map(len, folded_texts), dtype=np.int64, count=len(folded_texts))
+    points = np.frombuffer("".join(folded_texts).encode("utf-32-le"), dtype="<u4")
+    kinds = KINDS.values(points)
     kept = kinds != MARK
     # Code points kept per text (a non-ASCII text has one or more, so no run of reduceat is empty).
     kept_sizes = np.add.reduceat(kept.astype(np.int64), np.cumsum(sizes) - sizes)
@@ -244,25 +361,30 @@ def densified(signatures_: np.ndarray) -> np.ndarray:
     shingle: on the benchmark corpus, 366,000 candidate pairs of median similarity 0.1 for
     49,000 texts.) Rows with no filled bin stay empty."""
     out = signatures_.copy()
-    rows = np.flatnonzero((out == EMPTY).any(axis=1) & signed(out))
-    order, rank = _probe_order(out.shape[1])
-    # The first tries, row by row (most rows are filled after a few): an empty bin copies the
-    # bin it looks at, which leaves it empty when that one is empty too. Then, for the rows with
-    # empty bins left, each one's first filled bin in its order directly.
-    # Bins by rows (transposed): a try copies whole rows of bins, not scattered elements.
-    own, mine = signatures_[rows].T.copy(), out[rows].T.copy()
-    for attempt in range(min(_ROW_TRIES, out.shape[1])):
-        if rows.size == 0:
-            return out
-        # mine = looked-at where mine is empty, else mine (bitwise: np.copyto with where= is slow)
-        empty = (mine == EMPTY).view(np.uint8).astype(np.uint16)
-        empty *= np.uint16(EMPTY)
-        empty &= mine ^ own[order[:, attempt]]
-        mine ^= empty
-        left = (mine == EMPTY).any(axis=0)
-        out[rows[~left]] = mine[:, ~left].T
-        rows, own, mine = rows[left], own[:, left], mine[:, left]
-    out[rows] = mine.T
+    k = out.shape[1]
+    order, rank = probe_order(k)
+    # The first tries, empty bin by empty bin (most are filled after a few): each looks at the
+    # next bin in its order and takes its value when that bin is filled. Only the bins still
+    # empty are carried to the next try, so a try costs what is left, not whole rows (trying
+    # whole rows at a time cost 0.69 s per 30,000 short documents, 5x this). Rows are taken
+    # _DENSIFY_ROWS at a time: the positions of a block's empty bins fit 32 bits.
+    looks_at = np.ascontiguousarray(order.T[:_ROW_TRIES], dtype=np.int32)  # [try, bin]: the bin it looks at
+    left = []
+    for lo in range(0, out.shape[0], _DENSIFY_ROWS):
+        block, own = out[lo:lo + _DENSIFY_ROWS], signatures_[lo:lo + _DENSIFY_ROWS]
+        empty = own == EMPTY
+        empty &= ~empty.all(axis=1, keepdims=True)  # rows with no filled bin stay empty
+        at = np.flatnonzero(empty).astype(np.int32)  # row * k + bin
+        flat_own, flat_out = own.reshape(-1), block.reshape(-1)
+        for attempt in range(looks_at.shape[0]):
+            if at.size == 0:
+                break
+            bins = at % k
+            donor = flat_own[at - bins + looks_at[attempt][bins]]
+            flat_out[at] = donor  # an empty donor leaves the bin empty
+            at = at[donor == EMPTY]
+        left.append(np.unique(at // k).astype(np.int64) + lo)
+    rows = np.concatenate(left) if left else np.empty(0, dtype=np.int64)
     # Rows with alike numbers of filled bins together: each chunk's arrays are as wide as its
     # fullest row.
     rows = rows[np.argsort((signatures_[rows] != EMPTY).sum(axis=1), kind="stable")]
@@ -282,7 +404,7 @@ def densified(signatures_: np.ndarray) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=8)
-def _probe_order(k: int) -> tuple[np.ndarray, np.ndarray]:
+def probe_order(k: int) -> tuple[np.ndarray, np.ndarray]:
     """(order, rank), each (k, k): order[i] is the order in which bin i looks at the bins (a
     fixed pseudo-random permutation), rank[i, j] the place of bin j in it."""
     x = np.arange(k, dtype=np.uint64)[:, None] * np.uint64(k) + np.arange(k, dtype=np.uint64)[None, :]
@@ -324,9 +446,13 @@ def hash_bands(dense: np.ndarray, bands: int, rows: int) -> np.ndarray:
     """(documents, bands) uint64: the hash of each band's `rows` consecutive bins of already
     densified signatures (their first bands * rows bins), and its index."""
     n = dense.shape[0]
-    values = dense[:, :bands * rows].reshape(n, bands, rows).astype(np.uint64)
+    values = dense[:, :bands * rows].reshape(n, bands, rows)
+    # Row by row of the bands, over all documents' bands at once (a sum over the short last
+    # axis of a (documents, bands, rows) array took 7x as long).
+    h = np.zeros((n, bands), dtype=np.uint64)
     with np.errstate(over="ignore"):
-        h = (values * _BAND[:rows]).sum(axis=2, dtype=np.uint64)
+        for r in range(rows):
+            h += values[:, :, r] * _BAND[r]
         h += _BAND[MAX_HASHES + np.arange(bands)]
         h ^= h >> np.uint64(31)
         h *= np.uint64(0x94D049BB133111EB)
