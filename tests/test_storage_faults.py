@@ -246,3 +246,61 @@ def test_inspect_during_an_outage_says_so_in_one_line(on_gcs, proxy, capsys, mon
     assert inspect.main(verify_args(proxy)) == 1
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and "storage unavailable:" in lines[0] and "--overwrite" not in lines[0], lines
+
+
+@pytest.fixture(scope="module")
+def local_run(tmp_path_factory):
+    """The same command's dataset written without faults, on local disk: what every run through
+    the proxy must write, byte for byte."""
+    local = tmp_path_factory.mktemp("local") / "local.zarr"
+    run_pipeline("--input", SAMPLE / "*.jsonl", "--tokenizer", SAMPLE / "tokenizer.json", "--output", local,
+                 "--tokens_chunk_size", str(CHUNK), "--seq_starts_chunk_size", "128", "--validation_fraction", "0.05")
+    return local
+
+
+def _same_as(gcs, output: str, local, tmp_path) -> None:
+    fetched = tmp_path / output
+    gcs.fs.get(f"{BUCKET}/{output}/", str(fetched) + "/", recursive=True)
+    check_flat_tokens(fetched, "--compare", local)
+
+
+@pytest.mark.slow
+def test_a_run_reads_its_own_metadata_and_claims_again_when_cut_short(gcs, tokenizer_on_gcs, proxy, local_run,
+                                                                     tmp_path):
+    """The writers' reads of what the run itself stored (the arrays' metadata, read by every
+    writer and by the end markers' writer; the claim) cut short once each, and the commit's reads of the chunks it sums for the manifest: read again, never a
+    JSONDecodeError, a takeover, a conflict or "damaged after it was written"."""
+    output = "own-reads.zarr"
+    for name in ("train/seq_starts/.zarray", "validation/seq_starts/.zarray", "train/encoded_tokens/.zarray",
+                 ".flat-tokens-run.", "train/encoded_tokens/0", "validation/seq_starts/0"):
+        proxy.truncate(f"{output}/{name}")
+    proc = _run_through(proxy, gcs, output, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proxy.faults == 6, proxy.faults  # every one of those reads was cut
+    proxy.clear()
+    _same_as(gcs, output, local_run, tmp_path)
+
+
+def test_staged_files_cut_short_are_read_again(gcs, proxy):
+    """What a rerun reads back from the staging area (a unit's account, a chunk's mark, the
+    arrays' mark) and the objects it checks against their sums: a read cut short is read
+    again, not called damaged (which would redo the work) or absent."""
+    from transforms.checksums import Sum, damaged_objects
+    from transforms.staging import ARRAYS, CHUNKS, UNITS, StagingArea
+    url = f"gs://{BUCKET}/staged.zarr"
+    area = StagingArea(url, through(proxy), job_key="job")
+    area.put_unit("unit", {"places": [0, 1]})
+    area.put_chunk("train", "encoded_tokens", 3, [("encoded_tokens/3", Sum(5, 7))])
+    area.mark_arrays()
+    data = b"the bytes of a chunk"
+    gcs.fs.pipe_file(f"{BUCKET}/staged.zarr/train/encoded_tokens/3", data)
+    for name in (f"{UNITS}/unit/", f"{CHUNKS}/job/", ARRAYS, "train/encoded_tokens/3"):
+        proxy.truncate(name)
+    assert area.read_unit("unit", "unit.2.json")["places"] == [0, 1]
+    assert area.read_chunk_mark("job", "train", "encoded_tokens", 3) == [("encoded_tokens/3", Sum(5, 7))]
+    assert area.arrays_key() == "job"
+    fs = area.fs
+    assert damaged_objects(fs, {f"{BUCKET}/staged.zarr/train/encoded_tokens/3": Sum.of(data)}) == {}
+    assert proxy.faults == 4
+    for name in (f"{UNITS}/unit/", f"{CHUNKS}/job/", ARRAYS, "train/encoded_tokens/3"):
+        assert proxy.get_count(name) == 2, name

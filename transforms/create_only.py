@@ -40,6 +40,8 @@ import uuid
 
 import fsspec.asyn
 
+from transforms import storage_faults
+
 # The suffix of a local object being written: `<name>.<32 hex>.partial`, the names zarr's own
 # local store uses, which the ownership rules recognise as this tool's
 # (transforms/write/ownership.py, zarr_partial_of).
@@ -119,7 +121,10 @@ def identity(fs, path: str) -> tuple | None:
                                                                  info.get("size"))
 
 
-def _read(fs, path: str) -> bytes | None:
+def _read(fs, path: str, expected: bytes | None = None) -> bytes | None:
+    """The object's bytes, or None when there is none. Given the `expected` bytes, a read that
+    differs is made again (storage_faults: a body cut short in transit is no conflict); only
+    other bytes on a fresh read are."""
     if is_local(fs):
         try:
             with open(path, "rb") as f:
@@ -127,8 +132,9 @@ def _read(fs, path: str) -> bytes | None:
         except FileNotFoundError:
             return None
     fs.invalidate_cache(path)
+    judge = None if expected is None else (lambda there: None if there == expected else "other bytes")
     try:
-        return fs.cat_file(path)
+        return storage_faults.cat_file(fs, path, path, judge)
     except FileNotFoundError:
         return None
 
@@ -145,7 +151,7 @@ def put_new(fs, path: str, data, ledger: Ledger | None = None) -> str:
                 ledger.created_object(path, created)
             return "created"
         ident = identity(fs, path)
-        there = _read(fs, path)
+        there = _read(fs, path, data)
         if there is None:
             continue
         if there != data:

@@ -293,6 +293,27 @@ def cat_file(fs, path: str, what: str | None = None, judge=None) -> bytes:
     return call(fs, lambda: fs.cat_file(path), what or path, judge)
 
 
+def judged_by(check):
+    """A judge (for `cat_file`, `call`, `read_async`) from `check(data)`, which raises
+    ValueError (checksums.Damaged is one), KeyError, TypeError or OSError on bytes it cannot
+    take: the error's text is the problem. The caller checks the last read itself, once more."""
+    def judge(data) -> str | None:
+        try:
+            check(data)
+        except (ValueError, KeyError, TypeError, OSError, UnicodeDecodeError) as e:
+            return describe(e)
+        return None
+    return judge
+
+
+def read_json(fs, path: str, what: str | None = None):
+    """The JSON document at `path`, read with `cat_file`'s patience and re-read while it is not
+    JSON (a body cut short); FileNotFoundError when there is none, ValueError when it is no
+    JSON on every fresh read."""
+    import json
+    return json.loads(cat_file(fs, path, what, not_json))
+
+
 def not_json(data) -> str | None:
     """A judge: why `data` is not a JSON document (a body cut short is not), or None."""
     import json

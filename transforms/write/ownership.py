@@ -55,7 +55,7 @@ from dataclasses import dataclass
 
 from fsspec.core import url_to_fs
 
-from transforms import create_only, processes
+from transforms import create_only, processes, storage_faults
 from transforms.own_names import is_own_name
 from transforms.write.chunk_objects import ChunkObjects, chunk_objects
 from transforms.write.manifest import MANIFEST
@@ -194,8 +194,11 @@ def claim_generation(name: str) -> int | None:
 
 
 def _read_json(fs, path: str) -> dict | None:
+    """The JSON object at `path`, or None when there is none (or it is no JSON object on every
+    fresh read: a lease being created). A read cut short is read again (storage_faults): a
+    claim read half would otherwise say "run None claimed it" and stop the run."""
     try:
-        value = json.loads(fs.cat_file(path))
+        value = storage_faults.read_json(fs, path)
     except (FileNotFoundError, ValueError, UnicodeDecodeError):
         return None
     return value if isinstance(value, dict) else None

@@ -18,6 +18,7 @@ import json
 import posixpath
 from concurrent.futures import ThreadPoolExecutor
 
+from transforms import storage_faults
 from transforms.write import chunk_checksums, manifest
 from transforms.write.chunk_objects import chunk_objects
 
@@ -25,9 +26,11 @@ ARRAY_METADATA = (".zarray", ".zattrs", "zarr.json")
 THREADS = 16
 
 
-def _read(fs, path: str) -> bytes | None:
+def _read(fs, path: str, judge=None) -> bytes | None:
+    """The object's bytes, or None when there is none; read again while `judge` names a problem
+    (transforms/storage_faults.py: a body cut short in transit is not damage)."""
     try:
-        return fs.cat_file(path)
+        return storage_faults.cat_file(fs, path, path, judge)
     except FileNotFoundError:
         return None
 
@@ -37,7 +40,7 @@ def array_entries(fs, array_path: str, array_key: str, scheme: str | None
     """One array's metadata entries ({key under the dataset: Entry}) and its data objects'."""
     metadata, document = {}, None
     for name in ARRAY_METADATA:
-        data = _read(fs, f"{array_path}/{name}")
+        data = _read(fs, f"{array_path}/{name}", storage_faults.not_json)
         if data is not None:
             metadata[f"{array_key}/{name}"] = manifest.Entry.of(data)
             if name != ".zattrs":
@@ -50,7 +53,8 @@ def array_entries(fs, array_path: str, array_key: str, scheme: str | None
     fs.invalidate_cache(array_path)
 
     def read(index: int) -> tuple[int, manifest.Entry | None]:
-        data = _read(fs, f"{array_path}/{layout.key(index)}")
+        judge = None if sharded else (lambda d: chunk_checksums.problem(d, scheme))
+        data = _read(fs, f"{array_path}/{layout.key(index)}", judge)
         if data is None:
             return index, None
         why = None if sharded else chunk_checksums.problem(data, scheme)

@@ -22,7 +22,7 @@ import zarr
 from fsspec.core import url_to_fs
 from zarr.core.buffer import default_buffer_prototype
 
-from transforms import create_only
+from transforms import create_only, storage_faults
 from transforms.checksums import Sum
 from transforms.gcs import close_gcs_sessions_at_exit
 from transforms.tokenize.index_files import index_objects
@@ -283,12 +283,26 @@ def unfinished_commit(target: StoreTarget) -> list[tuple[str, tuple]]:
     return found
 
 
+def metadata_document(target: StoreTarget, split: str, name: str) -> bytes:
+    """The bytes of an output array's metadata document, read with the store's patience and
+    read again while they are no JSON (transforms/storage_faults.py): a read cut short in
+    transit must not fail the run with a JSONDecodeError, as zarr's own read of it did."""
+    fs, _ = filesystem(child_url(target.url, split), target.storage_options)
+    path = metadata_path(target, split, name)
+    what = f"{target.url.rstrip('/')}/{split}/{name}/{posixpath.basename(path)}"
+    return storage_faults.cat_file(fs, path, what, storage_faults.not_json)
+
+
 def open_array(target: StoreTarget, split: str, name: str):
-    store = make_store(child_url(target.url, split), target.storage_options)
+    """An output array, for its metadata (shape, chunks, codecs): opened from its metadata
+    document alone (metadata_document), in memory; the writers store chunks themselves."""
+    document = posixpath.basename(metadata_path(target, split, name))
+    memory = zarr.storage.MemoryStore(store_dict={
+        f"{name}/{document}": default_buffer_prototype().buffer.from_bytes(metadata_document(target, split, name))})
     # Every chunk is stored, even all-zero ones: a missing chunk is an error for verify and
     # the reader, never zeros. zarr does not store this setting, and zarr 3.1's open_array
     # ignores its `config` for an existing array, so it is set on the opened array.
-    array = zarr.open_array(store=store, path=name, mode="r+", zarr_format=target.zarr_format)
+    array = zarr.open_array(store=memory, path=name, mode="r+", zarr_format=target.zarr_format)
     return array.with_config({"write_empty_chunks": True})
 
 
@@ -392,7 +406,7 @@ class ZarrWriter:
         self._name = name
         self._prefix = posixpath.join(root, name)
         self._format = target.zarr_format
-        self._document = self._fs.cat_file(self.metadata)
+        self._document = metadata_document(target, split, name)
 
     def write(self, start: int, values, lease: ownership.Lease | None = None) -> list[tuple[str, Sum]]:
         """As ChunkWriter.write: whole write blocks (chunks, or shard objects). Each object's
@@ -514,7 +528,7 @@ def _refuse_conflicts(target: StoreTarget) -> None:
 
 def _read_attributes(fs, path: str, zarr_format: int) -> dict | None:
     try:
-        document = json.loads(fs.cat_file(f"{path}/{'.zattrs' if zarr_format == 2 else 'zarr.json'}"))
+        document = storage_faults.read_json(fs, f"{path}/{'.zattrs' if zarr_format == 2 else 'zarr.json'}")
     except (FileNotFoundError, ValueError):
         return None
     return document.get("attributes") if zarr_format == 3 else document
