@@ -281,6 +281,45 @@ def test_a_run_reads_its_own_metadata_and_claims_again_when_cut_short(gcs, token
     _same_as(gcs, output, local_run, tmp_path)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("keep", ["", ".flat-tokens-staging", ".flat-tokens-run.1"])
+def test_a_store_that_loses_the_runs_objects_mid_run_is_reported_as_such(gcs, tokenizer_on_gcs, proxy, local_run,
+                                                                        tmp_path, keep):
+    """The run's objects deleted under it once its arrays exist (all of them: an emulator
+    restarted empty, a bucket emptied; or all but the staging area, or all but the claim: a
+    lifecycle rule, an operator's rm): the run stops with exit 1 saying that the store lost
+    them, not that another run took the output over (there is none). The same command then
+    builds the dataset: from the start when nothing is left, resuming (and saying so) what is,
+    starting over (and saying so) when nothing but the claim is."""
+    output = f"lost{len(keep)}.zarr"
+
+    def lose():
+        for path in gcs.fs.ls(f"{BUCKET}/{output}", detail=False, refresh=True):
+            if not keep or not path.endswith("/" + keep):
+                gcs.fs.rm(path, recursive=True)
+        gcs.fs.invalidate_cache()
+
+    proxy.before_get(f"{output}/train/encoded_tokens/.zarray", lose)
+    proc = _run_through(proxy, gcs, output, check=False)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    line = proc.stderr.strip().splitlines()[-1]
+    assert "objects of this run disappeared from the store" in line, proc.stderr[-3000:]
+    assert "took it over" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    left = sorted(p.rsplit("/", 1)[-1] for p in gcs.fs.ls(f"{BUCKET}/{output}", detail=False, refresh=True)) \
+        if gcs.fs.exists(f"{BUCKET}/{output}") else []
+    assert left == ([keep] if keep else []), left
+    again = _run_through(proxy, gcs, output, check=False)
+    assert again.returncode == 0, again.stderr[-3000:]
+    if keep.startswith(".flat-tokens-run."):  # nothing but the claim: nothing to resume, nothing to lose
+        assert "starting over: it holds nothing of run" in again.stderr, again.stderr[-3000:]
+    elif keep:
+        assert "flat-tokens: resuming:" in again.stderr and "resumed: reused" in again.stdout, again.stderr[-3000:]
+        assert "the store no longer holds train/encoded_tokens" in again.stderr, again.stderr[-3000:]
+    else:
+        assert "resum" not in again.stderr + again.stdout  # nothing was left: built from the start
+    _same_as(gcs, output, local_run, tmp_path)
+
+
 def test_staged_files_cut_short_are_read_again(gcs, proxy):
     """What a rerun reads back from the staging area (a unit's account, a chunk's mark, the
     arrays' mark) and the objects it checks against their sums: a read cut short is read

@@ -164,7 +164,8 @@ def prepare_output(target: StoreTarget, overwrite: bool, expected_owner: tuple =
             raise OutputError(ownership.refusal(target.url, state))
         if found != tuple(expected_owner):
             raise _appeared(target, state, expected_owner)
-        if state.kind == "dataset" and not overwrite and (state.committed or not resumable):
+        if (state.kind == "dataset" and not overwrite and (state.committed or not resumable)
+                and not ownership.holds_no_work(state)):
             raise OutputError(f"--output {target.url}: exists and is not empty; pass --overwrite to replace it, "
                               f"or choose another path")
         generation = state.owner[0] + 1
