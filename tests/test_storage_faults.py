@@ -343,3 +343,33 @@ def test_staged_files_cut_short_are_read_again(gcs, proxy):
     assert proxy.faults == 4
     for name in (f"{UNITS}/unit/", f"{CHUNKS}/job/", ARRAYS, "train/encoded_tokens/3"):
         assert proxy.get_count(name) == 2, name
+
+
+def _limits_here(_, out: str) -> None:
+    import json
+    import os
+    from transforms import storage_faults
+    with open(out, "w") as f:
+        json.dump([storage_faults.patience(), storage_faults.request_timeout(), os.getpid()], f)
+
+
+def test_the_jobs_storage_limits_reach_workers_that_do_not_share_the_launchers_environment(tmp_path, monkeypatch):
+    """Workers elsewhere (Dataflow's, a cluster's) are handed the job's options, not the
+    launcher's environment: --storage_patience and --storage_request_timeout reach them so.
+    Here on worker processes of their own, started from an environment that lacks the
+    launcher's settings."""
+    import json
+    import os
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import PipelineOptions
+    import pipeline.options  # noqa: F401 - the job's options are known, as in `flat-tokens run`
+    monkeypatch.delenv(storage_faults.PATIENCE_ENV, raising=False)
+    monkeypatch.delenv(storage_faults.REQUEST_TIMEOUT_ENV, raising=False)
+    out = tmp_path / "limits.json"
+    options = PipelineOptions(["--direct_num_workers=2", "--direct_running_mode=multi_processing",
+                               "--storage_patience=7", "--storage_request_timeout=3"])
+    with beam.Pipeline(options=options) as p:
+        _ = p | beam.Create([0]) | beam.Map(_limits_here, str(out))
+    patience, timeout, pid = json.loads(out.read_text())
+    assert pid != os.getpid()  # measured in another process
+    assert (patience, timeout) == (7.0, 3.0)
