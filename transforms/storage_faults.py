@@ -260,7 +260,7 @@ async def read_async(fetch, what: str, judge=None, rereads: int = REREADS):
                 done, _ = await asyncio.wait({task}, timeout=max(0.0, min(left, noted - time.monotonic())))
                 if done:
                     break
-                if time.monotonic() >= noted:
+                if time.monotonic() >= noted and noted < deadline:  # not in the moment it gives up
                     print(waiting_line(what, time.monotonic() - start, last), file=sys.stderr, flush=True)
                     noted += WAITING_EVERY_S
                 if time.monotonic() >= cut:
