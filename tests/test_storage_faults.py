@@ -387,3 +387,17 @@ def test_the_jobs_storage_limits_reach_workers_that_do_not_share_the_launchers_e
     patience, timeout, pid = json.loads(out.read_text())
     assert pid != os.getpid()  # measured in another process
     assert (patience, timeout) == (7.0, 3.0)
+
+
+@pytest.mark.slow
+def test_a_rerun_of_a_built_command_reads_the_root_attributes_again_when_cut_short(gcs, tokenizer_on_gcs, proxy):
+    """The launcher reads the committed dataset's attributes to see that this very command built
+    it: cut short, that read made it take the dataset for something else and refuse (exit 2,
+    "pass --overwrite"): a configuration error for a transient fault."""
+    output = "built.zarr"
+    _run_through(proxy, gcs, output)
+    proxy.truncate(f"{output}/.zattrs")
+    proc = _run_through(proxy, gcs, output, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "was already built by run" in proc.stdout, proc.stdout
+    assert proxy.faults == 1

@@ -536,5 +536,26 @@ def _read_attributes(fs, path: str, zarr_format: int) -> dict | None:
 
 
 def read_root_attributes(url: str, storage_options: dict | None = None) -> dict:
-    group = zarr.open_group(make_store(url, storage_options, read_only=True), mode="r")
-    return dict(group.attrs)
+    """The root group's attributes (zarr 3's `zarr.json`, or zarr 2's `.zgroup` and `.zattrs`),
+    read with storage_faults: a document cut short is read again, where zarr's own read made the
+    launcher take a dataset it built for no dataset at all. FileNotFoundError when there is no
+    group; ValueError when its metadata is not a group's on every fresh read."""
+    fs, path = ownership.split_url(url, storage_options)
+    try:
+        document = storage_faults.read_json(fs, f"{path}/zarr.json")
+    except FileNotFoundError:
+        document = None
+    if document is not None:
+        if not isinstance(document, dict) or document.get("node_type") != "group":
+            raise ValueError(f"{url}/zarr.json: not a zarr group's metadata")
+        return dict(document.get("attributes") or {})
+    group = storage_faults.read_json(fs, f"{path}/.zgroup")  # FileNotFoundError: no group here
+    if not isinstance(group, dict) or group.get("zarr_format") != 2:
+        raise ValueError(f"{url}/.zgroup: not a zarr group's metadata")
+    try:
+        attributes = storage_faults.read_json(fs, f"{path}/.zattrs")
+    except FileNotFoundError:
+        return {}
+    if not isinstance(attributes, dict):
+        raise ValueError(f"{url}/.zattrs: not a zarr group's attributes")
+    return attributes
