@@ -401,3 +401,17 @@ def test_a_rerun_of_a_built_command_reads_the_root_attributes_again_when_cut_sho
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "was already built by run" in proc.stdout, proc.stdout
     assert proxy.faults == 1
+
+
+@pytest.mark.slow
+def test_the_commit_lists_the_stored_dedup_index_when_a_read_of_it_is_cut_short(gcs, tokenizer_on_gcs, proxy,
+                                                                                capsys):
+    """The commit reads the dedup index's files to list them in the manifest: a read cut short
+    listed that response's bytes, and every later verify called the good file damaged."""
+    output = "dedup-cut.zarr"
+    proxy.truncate(f"{output}/dedup_index/")
+    proc = _run_through(proxy, gcs, output, "--dedup", "exact", check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proxy.faults == 1
+    assert verify.main([f"gs://{BUCKET}/{output}", "--storage_option", f"endpoint_url={proxy.url}",
+                        "--storage_option", "token=anon"]) == 0, capsys.readouterr()

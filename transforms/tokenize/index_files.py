@@ -11,6 +11,7 @@ import struct
 
 import numpy as np
 
+from transforms import storage_faults
 from transforms.checksums import Damaged, seal, unseal
 
 INDEX_DIRECTORY = "dedup_index"  # inside the dataset (transforms/write/ownership.py knows it as the layout's)
@@ -70,7 +71,11 @@ def index_objects(fs, base: str) -> dict[str, bytes]:
     copied from another dataset fails its own key's entry."""
     directory = posixpath.join(base.rstrip("/"), INDEX_DIRECTORY)
     names = sorted(p for p in (fs.ls(directory, detail=False) if fs.exists(directory) else []) if is_index_file(p))
-    return {index_key(name): fs.cat_file(name) for name in names}
+    # Each read again while its seal fails (a body cut short): the manifest must list the stored
+    # bytes, not one response's (transforms/storage_faults.py).
+    return {index_key(name): storage_faults.cat_file(fs, name, name,
+                                                     storage_faults.judged_by(lambda d, n=name: unseal(d, n)))
+            for name in names}
 
 
 def index_problems(fs, base: str, described: dict, listed=None) -> list[str]:
