@@ -19,6 +19,7 @@ import posixpath
 from concurrent.futures import ThreadPoolExecutor
 
 from transforms import storage_faults
+from transforms.checksums import crc32c
 from transforms.write import chunk_checksums, manifest
 from transforms.write.chunk_objects import chunk_objects
 
@@ -49,11 +50,12 @@ def array_entries(fs, array_path: str, array_key: str, scheme: str | None
     if layout is None:
         raise RuntimeError(f"{array_key}: its metadata is missing or not a 1-D array's; the dataset is not committed")
     sharded = any(c.get("name") == "sharding_indexed" for c in (document or {}).get("codecs", []) or [])
+    shard_judge = shard_index_problem(document) if sharded else None
     sums: list[manifest.Entry | None] = [None] * layout.count
     fs.invalidate_cache(array_path)
 
     def read(index: int) -> tuple[int, manifest.Entry | None]:
-        judge = None if sharded else (lambda d: chunk_checksums.problem(d, scheme))
+        judge = shard_judge if sharded else (lambda d: chunk_checksums.problem(d, scheme))
         data = _read(fs, f"{array_path}/{layout.key(index)}", judge)
         if data is None:
             return index, None
@@ -72,6 +74,33 @@ def array_entries(fs, array_path: str, array_key: str, scheme: str | None
         raise RuntimeError(f"{array_key}: {len(missing)} data objects are missing ({', '.join(missing[:5])}); the "
                            f"dataset is not committed")
     return metadata, manifest.array_objects(layout.prefix, sums)
+
+
+def shard_index_problem(document: dict):
+    """A judge of one stored shard object of a 1-D zarr 3 array with `document` as metadata:
+    why its shard index (at its end: an entry of offset and size per inner chunk, then the
+    index's CRC-32C) is not whole, or None. A read cut short loses it. None (no judge) where
+    the index carries no CRC-32C or does not sit at the end."""
+    try:
+        sharding = next(c for c in document["codecs"] if c.get("name") == "sharding_indexed")["configuration"]
+        inner = int(sharding["chunk_shape"][0])
+        outer = int(document["chunk_grid"]["configuration"]["chunk_shape"][0])
+        index_codecs = [c.get("name") for c in sharding.get("index_codecs") or []]
+    except (KeyError, TypeError, ValueError, IndexError, StopIteration):
+        return None
+    if sharding.get("index_location", "end") != "end" or index_codecs != ["bytes", "crc32c"] or inner <= 0:
+        return None
+    index_size = 16 * -(-outer // inner) + 4
+
+    def problem(data) -> str | None:
+        view = memoryview(data).cast("B")
+        if view.nbytes < index_size:
+            return f"holds {view.nbytes} bytes, fewer than its shard index's {index_size}"
+        index = view[view.nbytes - index_size:]
+        if crc32c(index[:-4]) != int.from_bytes(bytes(index[-4:]), "little"):
+            return "its shard index does not match the CRC-32C stored after it (cut short?)"
+        return None
+    return problem
 
 
 def dataset_manifest(fs, root: str, run_id: str, arrays: dict[str, str], objects: dict[str, bytes],
