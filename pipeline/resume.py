@@ -218,6 +218,7 @@ class Resume:
     damaged: dict = field(default_factory=dict)
     damage: list = field(default_factory=list)
     rewrite: tuple = ()
+    lost_arrays: list = field(default_factory=list)  # arrays the staging area vouches for that the store lost
 
     def unread(self, units: list) -> list:
         """The units (ReadRanges or RowGroups) that must be read: those not replayed."""
@@ -330,6 +331,11 @@ def prepare(plan, o: FlatTokensOptions, found, storage_options: dict | None = No
     # of the job was staged and its input bytes are the ones staged.
     if (found.kind == "dataset" and not found.committed and not conflicts
             and staged.arrays_key == area.job_key and not unchecked):
+        # The store may have lost the arrays since (objects deleted under a run): their records
+        # then vouch for nothing, and the arrays are created and written again.
+        resume.lost_arrays = missing_arrays(plan.target)
+    if (found.kind == "dataset" and not found.committed and not conflicts
+            and staged.arrays_key == area.job_key and not unchecked and not resume.lost_arrays):
         resume.keep_arrays = True
         records, marks = _check_written(resume, staged.shards.get(area.job_key, {}),
                                         staged.chunks.get(area.job_key, set()))
@@ -337,13 +343,22 @@ def prepare(plan, o: FlatTokensOptions, found, storage_options: dict | None = No
         resume.finished = frozenset(records)
         resume.chunks = frozenset(marks)
         resume.reused_chunks = sum(n for n, _ in records.values()) + len(resume.chunks)
-    elif staged.arrays_key:
+    elif staged.arrays_key and not resume.lost_arrays:  # lost: said so (describe), not "changed"
         resume.stale_chunks = (sum(n for n, _ in staged.shards.get(staged.arrays_key, {}).values())
                                + len(staged.chunks.get(staged.arrays_key, ())))
     if resume.stale_units or resume.stale_chunks:
         resume.changes = _what_changed(record, o, plan) + (unchecked if staged.arrays_key == area.job_key else [])
     area.put_json(staging.COMMAND, command_record(o, plan))
     return resume
+
+
+def missing_arrays(target) -> list[str]:
+    """The output's arrays ("train/encoded_tokens", ...) whose metadata is not in the store."""
+    fs, _ = filesystem(target.url, target.storage_options)
+    paths = {f"{split}/{name}": zarr_store.metadata_path(target, split, name)
+             for split in zarr_store.SPLITS for name in target.arrays()}
+    fs.invalidate_cache()
+    return [key for key, path in paths.items() if not fs.exists(path)]
 
 
 def _units(n: int) -> str:
@@ -510,6 +525,10 @@ def describe(resume: Resume | None) -> list[tuple[bool, str]]:
         lines.append((True, f"flat-tokens: {resume.area.output}: {_units(n)} {'is' if n == 1 else 'are'} read and "
                             f"tokenized again: the input bytes {'it was' if n == 1 else 'they were'} read from "
                             f"changed since (same size and modification time: edited in place)"))
+    if resume.lost_arrays:
+        lines.append((True, f"flat-tokens: {resume.area.output}: the staging area says this job's arrays were "
+                            f"created, but the store no longer holds {', '.join(resume.lost_arrays)} (objects "
+                            f"disappeared from the store): the arrays are created and their chunks written again"))
     if resume.stale_units or resume.stale_chunks:
         redone = [f"{n:,} staged input unit{'s' if n > 1 else ''} no longer match{'es' if n == 1 else ''} this "
                   f"job and {'is' if n == 1 else 'are'} read and tokenized again" for n in [resume.stale_units] if n]

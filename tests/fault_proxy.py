@@ -6,6 +6,7 @@
         proxy.fail(0.05, seed=3)                       # 5% of requests: 503, 429 or a reset
         proxy.outage(8)                                # every request reset for 8 s from now
         proxy.hang(5)                                  # every request held 5 s, then answered
+        proxy.before_get("train/encoded_tokens/.zarray", lose)  # lose() runs first: the store loses objects
         proxy.url, proxy.env                           # endpoint for gcsfs, STORAGE_EMULATOR_HOST
 
 Faults act on what a real store and network do to a client: a body silently cut short (its
@@ -41,6 +42,7 @@ class FaultProxy:
         self._rate, self._rng = 0.0, random.Random(0)
         self._outage_until = 0.0
         self._hang_until, self._hang_s = 0.0, 0.0
+        self._before: list[list] = []  # [object substring, action]: run once, before that GET is forwarded
         self.gets: dict[str, int] = {}  # decoded object path -> GETs of its bytes (alt=media)
         self.faults = 0  # faults injected so far
         proxy = self
@@ -77,6 +79,13 @@ class FaultProxy:
         with self._lock:
             self._truncations.append([name, after, how])
 
+    def before_get(self, name: str, action) -> None:
+        """Before the first GET of an object whose path contains `name` is forwarded, calls
+        `action()` once (on the proxy's thread; the request waits for it): the store changes
+        under the client at a chosen moment, e.g. loses the run's objects."""
+        with self._lock:
+            self._before.append([name, action])
+
     def fail(self, rate: float, seed: int = 0) -> None:
         """From now on, a fraction `rate` of requests (drawn from a seeded RNG) gets a 503, a 429
         or a connection reset instead of its answer."""
@@ -98,6 +107,7 @@ class FaultProxy:
     def clear(self) -> None:
         with self._lock:
             self._truncations.clear()
+            self._before.clear()
             self._rate, self._outage_until, self._hang_until = 0.0, 0.0, 0.0
 
     def get_count(self, name: str) -> int:
@@ -106,6 +116,18 @@ class FaultProxy:
             return sum(n for path, n in self.gets.items() if name in path)
 
     # -- what the handler asks ----------------------------------------------------------------
+    def _action_before(self, method: str, path: str):
+        """The action to run before this request is forwarded (before_get), or None."""
+        if method != "GET" or "alt=media" not in path:
+            return None
+        name = unquote(urlsplit(path).path)
+        with self._lock:
+            for rule in self._before:
+                if rule[0] in name:
+                    self._before.remove(rule)
+                    return rule[1]
+        return None
+
     def _decide(self, method: str, path: str) -> tuple[str, float]:
         """(fault, seconds to hold the request first): fault is "", "reset", "503", "429",
         "silent" or "cut"."""
@@ -168,6 +190,9 @@ class _Handler(BaseHTTPRequestHandler):
             time.sleep(hold)
         if fault == "reset":
             return self._reset()
+        action = self.owner._action_before(self.command, self.path) if not fault else None
+        if action is not None:
+            action()
         if fault in ("503", "429"):
             message = b'{"error": {"code": %s, "message": "injected by the fault proxy"}}' % fault.encode()
             self.send_response(int(fault))

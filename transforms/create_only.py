@@ -41,6 +41,7 @@ import uuid
 import fsspec.asyn
 
 from flat_tokens.format.object_trees import identity  # what tells two writes of one path apart
+from flat_tokens.format import storage_faults
 
 # The suffix of a local object being written: `<name>.<32 hex>.partial`, the names zarr's own
 # local store uses, which the ownership rules recognise as this tool's
@@ -101,7 +102,10 @@ class Ledger:
                                          for path, ident in self.arrays.items())
 
 
-def _read(fs, path: str) -> bytes | None:
+def _read(fs, path: str, expected: bytes | None = None) -> bytes | None:
+    """The object's bytes, or None when there is none. Given the `expected` bytes, a read that
+    differs is made again (storage_faults: a body cut short in transit is no conflict); only
+    other bytes on a fresh read are."""
     if is_local(fs):
         try:
             with open(path, "rb") as f:
@@ -109,8 +113,9 @@ def _read(fs, path: str) -> bytes | None:
         except FileNotFoundError:
             return None
     fs.invalidate_cache(path)
+    judge = None if expected is None else (lambda there: None if there == expected else "other bytes")
     try:
-        return fs.cat_file(path)
+        return storage_faults.cat_file(fs, path, path, judge)
     except FileNotFoundError:
         return None
 
@@ -127,7 +132,7 @@ def put_new(fs, path: str, data, ledger: Ledger | None = None) -> str:
                 ledger.created_object(path, created)
             return "created"
         ident = identity(fs, path)
-        there = _read(fs, path)
+        there = _read(fs, path, data)
         if there is None:
             continue
         if there != data:

@@ -64,6 +64,7 @@ import numpy as np
 from fsspec.core import url_to_fs
 
 from transforms import create_only
+from flat_tokens.format import storage_faults
 from flat_tokens.format.checksums import Damaged, Sum, seal, stored_problem, unseal
 from transforms.records import TokenizedBatch, mapped_ids
 
@@ -275,7 +276,11 @@ class StagingArea:
     def _sealed(self, *parts: str) -> memoryview:
         """The checked payload of a sealed object; Damaged (naming it) when it is not whole."""
         path = self.path(*parts)
-        return unseal(self.fs.cat_file(path), f"staged file {path}")
+        name = f"staged file {path}"
+        # Read again while its checksum fails (a body cut short in transit): only bytes wrong on a
+        # fresh read are damaged (flat_tokens/format/storage_faults.py).
+        return unseal(storage_faults.cat_file(self.fs, path, name, storage_faults.judged_by(lambda d: unseal(d, name))),
+                      name)
 
     def read_unit(self, unit: str, name: str) -> dict:
         """A unit's account, checked: Damaged when it is not the one written."""
@@ -324,7 +329,8 @@ class StagingArea:
             stored = ids
             ids_file = base + IDS
         else:
-            stored = self.fs.cat_file(base + IDS)
+            stored = storage_faults.cat_file(self.fs, base + IDS, f"staged file {base}{IDS}",
+                                             lambda data: None if Sum.of(data) == want else "its checksum differs")
             ids_file = None
         got = Sum.of(stored)
         if got != want:
@@ -365,8 +371,9 @@ class StagingArea:
 
     def read_json(self, name: str) -> dict | None:
         try:
-            value = json.loads(self.fs.cat_file(self.path(name)))
-        except (OSError, ValueError, UnicodeDecodeError):  # absent, or --output is not a directory
+            value = storage_faults.read_json(self.fs, self.path(name))
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError, ValueError,
+                UnicodeDecodeError):  # absent, or --output is not a directory
             return None
         return value if isinstance(value, dict) else None
 

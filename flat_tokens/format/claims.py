@@ -3,12 +3,12 @@ own objects at an output, the claims (`.flat-tokens-run.<generation>`, holding t
 and conflict records (`.flat-tokens-conflict.<run id>`), and `refusals`: why a committed
 dataset must not be read. How runs create and fence these records is the writer's side
 (transforms/write/ownership.py, whose docstring tells the whole rule)."""
-import json
 import os
 import posixpath
 
 from fsspec.core import url_to_fs
 
+from flat_tokens.format import storage_faults
 from flat_tokens.format.manifest import MANIFEST
 
 OWN_PREFIX = ".flat-tokens-"  # every top-level name this tool writes for itself starts so (own_names: which)
@@ -65,8 +65,11 @@ def claim_generation(name: str) -> int | None:
 
 
 def read_json(fs, path: str) -> dict | None:
+    """The JSON object at `path`, or None when there is none (or it is no JSON object on every
+    fresh read: a lease being created). A read cut short is read again (storage_faults): a
+    claim read half would otherwise say "run None claimed it" and stop the run."""
     try:
-        value = json.loads(fs.cat_file(path))
+        value = storage_faults.read_json(fs, path)
     except (FileNotFoundError, ValueError, UnicodeDecodeError):
         return None
     return value if isinstance(value, dict) else None

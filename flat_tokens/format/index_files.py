@@ -16,6 +16,7 @@ import struct
 
 import numpy as np
 
+from flat_tokens.format import storage_faults
 from flat_tokens.format.checksums import Damaged, seal, unseal
 
 INDEX_DIRECTORY = "dedup_index"  # inside the dataset (transforms/write/ownership.py knows it as the layout's)
@@ -125,7 +126,11 @@ def index_objects(fs, base: str) -> dict[str, bytes]:
     directory = posixpath.join(base.rstrip("/"), INDEX_DIRECTORY)
     names = sorted(p for p in (fs.ls(directory, detail=False) if fs.exists(directory) else [])
                    if is_index_file(p) or is_near_file(p))
-    return {index_key(name): fs.cat_file(name) for name in names}
+    # Each read again while its seal fails (a body cut short): the manifest must list the stored
+    # bytes, not one response's (flat_tokens/format/storage_faults.py).
+    return {index_key(name): storage_faults.cat_file(fs, name, name,
+                                                     storage_faults.judged_by(lambda d, n=name: unseal(d, n)))
+            for name in names}
 
 
 def index_problems(fs, base: str, described: dict, listed=None) -> list[str]:

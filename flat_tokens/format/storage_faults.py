@@ -16,13 +16,16 @@ minute or stalls. None of that says anything about the bytes it stores. So:
 
 Defaults are below; FLAT_TOKENS_STORAGE_PATIENCE and FLAT_TOKENS_REQUEST_TIMEOUT (seconds)
 change them for the reader, verify and inspect; `flat-tokens run` sets them from
---storage_patience and --storage_request_timeout. The standard library and fsspec only: the
-reader-only install uses this module.
+--storage_patience and --storage_request_timeout. Its workers elsewhere (Dataflow's, a
+cluster's) do not inherit the launcher's environment, but every Beam SDK harness is handed the
+job's options (PIPELINE_OPTIONS, JSON): where those name the option, it wins. The standard
+library and fsspec only: the reader-only install uses this module.
 """
 from __future__ import annotations
 
 import asyncio
 import errno
+import functools
 import os
 import random
 import sys
@@ -33,6 +36,8 @@ import fsspec
 
 PATIENCE_ENV = "FLAT_TOKENS_STORAGE_PATIENCE"
 REQUEST_TIMEOUT_ENV = "FLAT_TOKENS_REQUEST_TIMEOUT"
+PATIENCE_OPTION, REQUEST_TIMEOUT_OPTION = "storage_patience", "storage_request_timeout"
+JOB_OPTIONS_ENV = "PIPELINE_OPTIONS"  # the job's options, as Beam's SDK harness (a worker) is handed them
 DEFAULT_PATIENCE_S = 300.0  # a store that answers nothing for 5 minutes: the job fails, to be retried later
 DEFAULT_REQUEST_TIMEOUT_S = 120.0  # one request (gcsfs's own retries included); a stalled one is cut
 REREADS = 3  # fresh reads of bytes that failed their check before they are called damaged (object stores)
@@ -51,8 +56,35 @@ class StorageUnavailable(Exception):
     was found damaged: retry later (the command resumes). Exit status 1."""
 
 
-def _seconds(env: str, default: float) -> float:
-    text = os.environ.get(env, "").strip()
+def job_option(name: str):
+    """The value of the job's pipeline option `name` in a Beam worker (PIPELINE_OPTIONS, in
+    either of Beam's forms), or None: not a worker, or the job did not name it."""
+    found = _job_options(os.environ.get(JOB_OPTIONS_ENV, ""))
+    for key in (name, f"beam:option:{name}:v1"):
+        if found.get(key) is not None:
+            return found[key]
+    return None
+
+
+@functools.lru_cache(maxsize=4)
+def _job_options(text: str) -> dict:
+    """PIPELINE_OPTIONS parsed (once per text: every read asks for the patience)."""
+    import json
+    try:
+        found = json.loads(text) if text else {}
+    except ValueError:
+        return {}
+    found = found.get("options", found) if isinstance(found, dict) else {}
+    return found if isinstance(found, dict) else {}
+
+
+def _seconds(env: str, default: float, option: str | None = None) -> float:
+    given = job_option(option) if option else None
+    if given is not None:  # a worker of `flat-tokens run`: the job's option, as the launcher had it
+        env = f"--{option}"
+        text = str(given).strip()
+    else:
+        text = os.environ.get(env, "").strip()
     if not text:
         return default
     try:
@@ -66,12 +98,12 @@ def _seconds(env: str, default: float) -> float:
 
 def patience() -> float:
     """Seconds one object may keep failing or stalling before StorageUnavailable."""
-    return _seconds(PATIENCE_ENV, DEFAULT_PATIENCE_S)
+    return _seconds(PATIENCE_ENV, DEFAULT_PATIENCE_S, PATIENCE_OPTION)
 
 
 def request_timeout() -> float:
     """Seconds one attempt at an object may take."""
-    return _seconds(REQUEST_TIMEOUT_ENV, DEFAULT_REQUEST_TIMEOUT_S)
+    return _seconds(REQUEST_TIMEOUT_ENV, DEFAULT_REQUEST_TIMEOUT_S, REQUEST_TIMEOUT_OPTION)
 
 
 def use_request_timeout() -> None:
@@ -228,7 +260,7 @@ async def read_async(fetch, what: str, judge=None, rereads: int = REREADS):
                 done, _ = await asyncio.wait({task}, timeout=max(0.0, min(left, noted - time.monotonic())))
                 if done:
                     break
-                if time.monotonic() >= noted:
+                if time.monotonic() >= noted and noted < deadline:  # not in the moment it gives up
                     print(waiting_line(what, time.monotonic() - start, last), file=sys.stderr, flush=True)
                     noted += WAITING_EVERY_S
                 if time.monotonic() >= cut:
@@ -291,6 +323,27 @@ def cat_file(fs, path: str, what: str | None = None, judge=None) -> bytes:
     if getattr(fs, "async_impl", False):
         return call(fs, lambda: fs._cat_file(path), what or path, judge)
     return call(fs, lambda: fs.cat_file(path), what or path, judge)
+
+
+def judged_by(check):
+    """A judge (for `cat_file`, `call`, `read_async`) from `check(data)`, which raises
+    ValueError (checksums.Damaged is one), KeyError, TypeError or OSError on bytes it cannot
+    take: the error's text is the problem. The caller checks the last read itself, once more."""
+    def judge(data) -> str | None:
+        try:
+            check(data)
+        except (ValueError, KeyError, TypeError, OSError, UnicodeDecodeError) as e:
+            return describe(e)
+        return None
+    return judge
+
+
+def read_json(fs, path: str, what: str | None = None):
+    """The JSON document at `path`, read with `cat_file`'s patience and re-read while it is not
+    JSON (a body cut short); FileNotFoundError when there is none, ValueError when it is no
+    JSON on every fresh read."""
+    import json
+    return json.loads(cat_file(fs, path, what, not_json))
 
 
 def not_json(data) -> str | None:

@@ -51,10 +51,15 @@ class _ArrayCache:
         if (split, name) not in self._writers:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(max(4, cores.share()), thread_name_prefix="flat-tokens-write")
-            writer = store.array_writer(self._target, split, name, self._pool)
+            t = self._target
+            try:
+                writer = store.array_writer(self._target, split, name, self._pool)
+            except FileNotFoundError:  # the array's metadata is gone: whose doing, if anyone's?
+                ownership.check_owner(t.url, t.run_id, t.storage_options, doing=f"opening {split}/{name}")
+                raise ownership.objects_vanished(t.url, t.run_id, f"the metadata of {split}/{name}, which it created",
+                                                 f"opening {split}/{name}") from None
             # Checked after the writer noted its array's identity: so that identity is of the
             # array this run owned, not of one a run that took the output over made since.
-            t = self._target
             ownership.check_owner(t.url, t.run_id, t.storage_options, doing=f"opening {split}/{name}")
             self._writers[split, name] = writer
         return self._writers[split, name]

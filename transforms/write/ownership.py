@@ -270,6 +270,14 @@ def inspect_output(url: str, storage_options: dict | None = None, own_run_id: st
     return OutputState("foreign" if foreign else "dataset", names, foreign, owner, committed)
 
 
+def holds_no_work(state: OutputState) -> bool:
+    """Whether an unfinished output of this tool holds nothing but claims and leases: no data, no
+    staged work, no conflict record. Replacing it loses nothing, so the same command (whose
+    record went with the rest: a store that lost objects) starts over without --overwrite."""
+    return (state.kind == "dataset" and not state.committed and bool(state.names)
+            and all(claim_generation(n) is not None or n.startswith(LEASE_PREFIX) for n in state.names))
+
+
 def _dataset_entry(name: str, is_dir: bool) -> bool:
     """A top-level entry the layout writes: a split's directory, or a root metadata file
     (or zarr's temporary name for one, while it is written)."""
@@ -307,6 +315,11 @@ def refuse_for_run(url: str, overwrite: bool, storage_options: dict | None = Non
     state = inspect_output(url, storage_options, also_ours=also_ours)
     if not state.replaceable:
         raise OutputError(refusal(url, state))
+    if state.kind == "dataset" and not overwrite and holds_no_work(state):
+        _log().warning("flat-tokens: --output %s: starting over: it holds nothing of run %s but its claim (%s), no "
+                       "data and no staged work (the store lost them?)", url, state.owner[1] or "?",
+                       listing(state.names))
+        return state
     if state.kind == "dataset" and not overwrite and (state.committed or not resumable):
         if not state.committed and other_command is not None:
             differs = f" ({'; '.join(other_command)})" if other_command else ""
@@ -362,6 +375,9 @@ def claim(url: str, run_id: str, generation: int, storage_options: dict | None =
         pass  # another run's, or this run's own from an earlier attempt of this step: read it
     fs.invalidate_cache(path)
     holder = (read_json(fs, claim_path) or {}).get("run_id")
+    if holder is None and current_owner(fs, path)[0] == 0:
+        raise objects_vanished(url, run_id, f"its claim {CLAIM_PREFIX}{generation}, just created, is gone, and no "
+                                            f"other run claimed the output", "claiming the output")
     if holder != run_id:
         raise OutputTaken(f"--output {url}: run {holder} claimed it first (both runs found the same output); "
                           f"this run stops without touching it")
@@ -374,14 +390,20 @@ def check_owner(url: str, run_id: str, storage_options: dict | None = None, doin
     if generation == 0 and run_id:
         # No claim at all, not even this run's: nobody took the output over, the store lost it.
         # (A target without a run id writes without claims: tools and benchmarks, as before.)
-        raise ObjectsVanished(f"--output {url}: objects of this run disappeared from the store (its claim is gone "
-                              f"and no other run claimed the output) while this run ({run_id}) was {doing}; the "
-                              f"store lost data (an emulator or bucket emptied, a lifecycle rule?). Run the same "
-                              f"command again: it resumes what is still there, or starts over and says so")
+        raise objects_vanished(url, run_id, "its claim is gone and no other run claimed the output", doing)
     if holder != run_id:
         who = f"run {holder}" if holder else "another run"
         raise OutputTaken(f"--output {url}: {who} took it over (claim {generation}) while this run ({run_id}) was "
                           f"{doing}; this run lost the output and stops, leaving that run's data alone")
+
+
+def objects_vanished(url: str, run_id: str, what: str, doing: str) -> ObjectsVanished:
+    """The error of a run whose objects the store lost (`what`: which, in words) while it was
+    `doing` something: no other run is involved, and the same command builds the output again."""
+    return ObjectsVanished(f"--output {url}: objects of this run disappeared from the store ({what}) while this run "
+                           f"({run_id or 'without a claim'}) was {doing}; the store lost data (an emulator or bucket "
+                           f"emptied, a lifecycle rule, an rm?). Run the same command again: it resumes what the "
+                           f"store still holds and says so, or builds the output from the start")
 
 
 def record_conflict(url: str, run_id: str, message: str, storage_options: dict | None = None) -> None:
@@ -482,11 +504,12 @@ def confirm_written(url: str, run_id: str, what: str, storage_options: dict | No
         # Broken since the check above (the newcomer stopped waiting): lost after all.
         try:
             check_owner(url, run_id, storage_options, doing=f"writing {what}")
-            taken = OutputTaken(f"--output {url}: the lease of this run's ({run_id}) write of {what} was broken by "
-                                f"a run taking the output over; this run lost the output and stops")
         except OutputTaken as e:
-            taken = e
-        _lost(url, run_id, what, storage_options, ledger, taken)
+            _lost(url, run_id, what, storage_options, ledger, e)
+        # Still this run's claim, the newest: no run took the output over (a takeover claims
+        # first), yet the lease is gone. The store lost it; what this write created is this
+        # run's, and stays for the rerun to resume or replace.
+        raise objects_vanished(url, run_id, f"the lease of its write of {what}", f"writing {what}")
 
 
 def _lost(url: str, run_id: str, what: str, storage_options: dict | None, ledger, taken: OutputTaken):

@@ -9,7 +9,6 @@ Until the root metadata is there, zarr cannot open `OUTPUT` as a group and `flat
 reports an unfinished run. Before any of this, the run claims the output
 (`transforms/write/ownership.py`): only this tool's own output is ever replaced.
 """
-import json
 import logging
 import os
 import posixpath
@@ -22,11 +21,11 @@ import zarr
 from fsspec.core import url_to_fs
 from zarr.core.buffer import default_buffer_prototype
 
-from transforms import create_only
+from flat_tokens.format import chunk_checksums, manifest, storage_faults
 from flat_tokens.format.checksums import Sum
 from flat_tokens.format.gcs import close_gcs_sessions_at_exit
 from flat_tokens.format.index_files import index_objects
-from flat_tokens.format import chunk_checksums, manifest
+from transforms import create_only
 from transforms.write import ownership, stored_sums
 from transforms.write.ownership import OutputError, OutputTaken  # noqa: F401 - part of this module's API
 
@@ -165,7 +164,8 @@ def prepare_output(target: StoreTarget, overwrite: bool, expected_owner: tuple =
             raise OutputError(ownership.refusal(target.url, state))
         if found != tuple(expected_owner):
             raise _appeared(target, state, expected_owner)
-        if state.kind == "dataset" and not overwrite and (state.committed or not resumable):
+        if (state.kind == "dataset" and not overwrite and (state.committed or not resumable)
+                and not ownership.holds_no_work(state)):
             raise OutputError(f"--output {target.url}: exists and is not empty; pass --overwrite to replace it, "
                               f"or choose another path")
         generation = state.owner[0] + 1
@@ -284,12 +284,26 @@ def unfinished_commit(target: StoreTarget) -> list[tuple[str, tuple]]:
     return found
 
 
+def metadata_document(target: StoreTarget, split: str, name: str) -> bytes:
+    """The bytes of an output array's metadata document, read with the store's patience and
+    read again while they are no JSON (flat_tokens/format/storage_faults.py): a read cut short in
+    transit must not fail the run with a JSONDecodeError, as zarr's own read of it did."""
+    fs, _ = filesystem(child_url(target.url, split), target.storage_options)
+    path = metadata_path(target, split, name)
+    what = f"{target.url.rstrip('/')}/{split}/{name}/{posixpath.basename(path)}"
+    return storage_faults.cat_file(fs, path, what, storage_faults.not_json)
+
+
 def open_array(target: StoreTarget, split: str, name: str):
-    store = make_store(child_url(target.url, split), target.storage_options)
+    """An output array, for its metadata (shape, chunks, codecs): opened from its metadata
+    document alone (metadata_document), in memory; the writers store chunks themselves."""
+    document = posixpath.basename(metadata_path(target, split, name))
+    memory = zarr.storage.MemoryStore(store_dict={
+        f"{name}/{document}": default_buffer_prototype().buffer.from_bytes(metadata_document(target, split, name))})
     # Every chunk is stored, even all-zero ones: a missing chunk is an error for verify and
     # the reader, never zeros. zarr does not store this setting, and zarr 3.1's open_array
     # ignores its `config` for an existing array, so it is set on the opened array.
-    array = zarr.open_array(store=store, path=name, mode="r+", zarr_format=target.zarr_format)
+    array = zarr.open_array(store=memory, path=name, mode="r+", zarr_format=target.zarr_format)
     return array.with_config({"write_empty_chunks": True})
 
 
@@ -393,7 +407,7 @@ class ZarrWriter:
         self._name = name
         self._prefix = posixpath.join(root, name)
         self._format = target.zarr_format
-        self._document = self._fs.cat_file(self.metadata)
+        self._document = metadata_document(target, split, name)
 
     def write(self, start: int, values, lease: ownership.Lease | None = None) -> list[tuple[str, Sum]]:
         """As ChunkWriter.write: whole write blocks (chunks, or shard objects). Each object's
@@ -515,12 +529,33 @@ def _refuse_conflicts(target: StoreTarget) -> None:
 
 def _read_attributes(fs, path: str, zarr_format: int) -> dict | None:
     try:
-        document = json.loads(fs.cat_file(f"{path}/{'.zattrs' if zarr_format == 2 else 'zarr.json'}"))
+        document = storage_faults.read_json(fs, f"{path}/{'.zattrs' if zarr_format == 2 else 'zarr.json'}")
     except (FileNotFoundError, ValueError):
         return None
     return document.get("attributes") if zarr_format == 3 else document
 
 
 def read_root_attributes(url: str, storage_options: dict | None = None) -> dict:
-    group = zarr.open_group(make_store(url, storage_options, read_only=True), mode="r")
-    return dict(group.attrs)
+    """The root group's attributes (zarr 3's `zarr.json`, or zarr 2's `.zgroup` and `.zattrs`),
+    read with storage_faults: a document cut short is read again, where zarr's own read made the
+    launcher take a dataset it built for no dataset at all. FileNotFoundError when there is no
+    group; ValueError when its metadata is not a group's on every fresh read."""
+    fs, path = ownership.split_url(url, storage_options)
+    try:
+        document = storage_faults.read_json(fs, f"{path}/zarr.json")
+    except FileNotFoundError:
+        document = None
+    if document is not None:
+        if not isinstance(document, dict) or document.get("node_type") != "group":
+            raise ValueError(f"{url}/zarr.json: not a zarr group's metadata")
+        return dict(document.get("attributes") or {})
+    group = storage_faults.read_json(fs, f"{path}/.zgroup")  # FileNotFoundError: no group here
+    if not isinstance(group, dict) or group.get("zarr_format") != 2:
+        raise ValueError(f"{url}/.zgroup: not a zarr group's metadata")
+    try:
+        attributes = storage_faults.read_json(fs, f"{path}/.zattrs")
+    except FileNotFoundError:
+        return {}
+    if not isinstance(attributes, dict):
+        raise ValueError(f"{url}/.zattrs: not a zarr group's attributes")
+    return attributes
