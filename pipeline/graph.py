@@ -46,6 +46,7 @@ from transforms.tokenize.dedup_index import WriteIndexShard, read_earlier
 from transforms.tokenize.near_index import read_earlier_near
 from transforms.tokenize.dedup_report import WriteDedupReport, earlier_key
 from transforms.tokenize.staged import ReplayStagedUnits, TokenizeAndStage
+from transforms.tokenize.shingle_sets import ExactShingles
 from transforms.write.finished import SIZES, ReplayFinishedShards
 
 
@@ -89,7 +90,8 @@ def build_pipeline(p: beam.Pipeline, plan: JobPlan):
         distinct = tokenized | "DropDuplicates" >> DropDuplicates(
             plan.seed, plan.validation_fraction, plan.dedup_shards,
             plan.source_of_input if plan.mixture is not None else plan.record_sources, plan.near, plan.spill_dir,
-            report=plan.dedup_report is not None, earlier=earlier, earlier_near=earlier_near)
+            report=plan.dedup_report is not None, earlier=earlier, earlier_near=earlier_near,
+            shingles=ExactShingles(plan.near[0], plan.tokenizer, so) if plan.near else None)
         batches = distinct.batches
         counted.append(distinct.counts)
     if plan.length_limits.active():

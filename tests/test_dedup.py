@@ -182,7 +182,8 @@ def test_a_report_file_is_created_once_and_never_replaced(tmp_path):
         d = np.array([[1, 2]], dtype=np.uint64)
         return ReportRows(np.array(["0:a.jsonl"], dtype=object), np.array([offset], dtype=np.uint64), d,
                           np.array(["0:a.jsonl"], dtype=object), np.array([0], dtype=np.uint64), d,
-                          np.array([False]), np.array([1.0], dtype=np.float32))
+                          np.array([False]), np.array([1.0], dtype=np.float32), np.array([None], dtype=object),
+                          np.array([np.nan]))
 
     writer = WriteReportShard(str(tmp_path / "r"), "run1", 2, {"0:a.jsonl": "/data/a.jsonl"})
     assert list(writer.process((1, rows(7)), None)) == [{"dedup_report_rows": 1}]

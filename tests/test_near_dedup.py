@@ -204,6 +204,18 @@ def test_the_report_lists_exactly_the_removed_documents(planted):
     # Every copy of a text removed as a near-copy names the kept near-copy (its own exact
     # copies, counted as duplicates, too).
     assert len({text for text, _ in near}) == stats["near_duplicates"] and sum(similar) >= 0.98 * len(near)
+    # `similarity`: the exact Jaccard similarity of the two texts' shingle sets (computed here
+    # with this test's own words), known for every near-copy with the bytes tokenizer.
+    exact = [jaccard_of(text, k) for text, k in near]
+    got = [r["similarity"] for r in rows if r["match"] == "near"]
+    assert None not in got and np.allclose(got, exact, rtol=0, atol=1e-6), [
+        (g, e) for g, e in zip(got, exact) if g is None or abs(g - e) > 1e-6][:5]
+    assert all(r["similarity"] == 1.0 for r in rows if r["match"] == "exact")
+
+
+def jaccard_of(a: str, b: str, shingles_of=shingles) -> float:
+    sa, sb = shingles_of(a), shingles_of(b)
+    return len(sa & sb) / len(sa | sb)
 
 
 @pytest.mark.slow
@@ -530,3 +542,71 @@ def test_a_cluster_keeps_the_original_over_its_capitals_and_respaced_copies(tmp_
 def re_spaced(text: str) -> str:
     """Every space doubled, and blanks before each line break: the words unchanged."""
     return text.replace(" ", "  ").replace("\n", " \n")
+
+
+def byte_shingles(text: str, n: int = 5) -> set:
+    """Token shingles under the bytes tokenizer (a token is a UTF-8 byte): byte 5-grams."""
+    encoded = text.encode("utf-8")
+    return {encoded[i:i + n] for i in range(len(encoded) - n + 1)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tokenizer, shingle", [("bytes", "tokens"), ("bpe", "words"), ("lowercasing", "words")])
+def test_the_reports_similarity_is_the_exact_jaccard_of_the_shingle_sets(tmp_path, bpe_tokenizer, tokenizer, shingle):
+    """Near-copies planted in real text: each near row's `similarity` is the Jaccard similarity
+    of the two texts' shingle sets, computed here (word 5-grams; byte 5-grams for token
+    shingles of the bytes tokenizer). With a tokenizer whose ids do not give back the text (a
+    lowercasing normalizer), it is null for texts that held capitals, and exact for the others."""
+    from flat_tokens.format.report_files import document_at, read_report
+    rng = random.Random(5)
+    texts = [json.loads(line)["text"] for line in open(SAMPLE / "corpus-1.jsonl", encoding="utf-8")][:400]
+    longer = [t for t in texts if len(shingles(t)) >= 80][:50]
+    lower = [t.lower() for t in longer[40:]]  # texts without capitals (in place of theirs), and near-copies
+    texts = [t for t in texts if t not in longer[40:]] + lower
+    variants = [edited(t, rng, rng.uniform(0, 0.03)) for t in longer[:40] + lower]
+    write_jsonl(tmp_path / "a.jsonl", texts)
+    write_jsonl(tmp_path / "b.jsonl", variants)
+    spec = {"bytes": "bytes", "bpe": bpe_tokenizer}.get(tokenizer)
+    if tokenizer == "lowercasing":
+        from tokenizers import Tokenizer, normalizers
+        tok = Tokenizer.from_file(str(bpe_tokenizer))
+        tok.normalizer = normalizers.Lowercase()
+        spec = tmp_path / "lowercasing.json"
+        tok.save(str(spec))
+    out = tmp_path / "out.zarr"
+    run_pipeline("--input", tmp_path / "a.jsonl", "--input", tmp_path / "b.jsonl", "--output", out,
+                 "--tokenizer", spec, "--dedup", "near", "--near_shingle", shingle,
+                 "--dedup_report", tmp_path / "report")
+    rows = [r for r in read_report(str(tmp_path / "report"), zarr.open_group(str(out), mode="r").attrs["run_id"])
+            if r["match"] == "near"]
+    assert len(rows) >= 30
+    shingles_of = byte_shingles if shingle == "tokens" else shingles
+    known = 0
+    for r in rows:
+        removed, kept = document_at(r["removed_file"], r["removed_offset"]), document_at(r["kept_file"], r["kept_offset"])
+        if tokenizer == "lowercasing" and (removed != removed.lower() or kept != kept.lower()):
+            assert r["similarity"] is None, r
+            continue
+        assert r["similarity"] == pytest.approx(jaccard_of(removed, kept, shingles_of), abs=1e-6), r
+        known += 1
+    assert known >= (5 if tokenizer == "lowercasing" else len(rows))
+
+
+def test_shingle_sets_give_the_exact_jaccard_and_none_for_texts_not_given_back():
+    """ExactShingles on a pair of texts, as the dedup group holds them (ids, lengths, digests):
+    the Jaccard similarity of the sets is the one computed here, for words and for tokens; a
+    document whose ids do not decode to its digest's text has no set."""
+    from transforms.tokenize.dedup import content_digests
+    from transforms.tokenize.shingle_sets import ExactShingles, jaccard
+    from transforms.tokenize.tokenizer import encode_bytes, resolve_tokenizer
+    a = json.loads(next(open(SAMPLE / "corpus-1.jsonl", encoding="utf-8")))["text"]
+    b = edited(a, random.Random(1), 0.05).upper()  # a Cyrillic ё would fold too: "What a shingle is"
+    ids, lengths = encode_bytes([a, b, a])
+    digests = content_digests([a, b, b])  # the third document's ids are not its text
+    for shingle, shingles_of in ((minhash.WORDS, shingles), (minhash.TOKENS, byte_shingles)):
+        found = ExactShingles(minhash.MinHashSettings(shingle=shingle), resolve_tokenizer("bytes")).sets(
+            ids, lengths, digests)
+        assert jaccard(found[0], found[1]) == pytest.approx(jaccard_of(a, b, shingles_of), abs=1e-12)
+        assert 0 < jaccard(found[0], found[1]) < 1
+        assert (found[2] is None) == (shingle == minhash.WORDS)  # token ids are the units as they are
+        assert np.isnan(jaccard(found[0], None))

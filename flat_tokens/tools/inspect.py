@@ -451,7 +451,8 @@ def render_duplicates(rows: list[dict], width: int = 60) -> str:
                       if row["match"] == EARLIER
                       else f"near-copy of a text this earlier dataset holds, estimated Jaccard "
                            f"{row['estimated_similarity']:.3f}" if row["match"] == EARLIER_NEAR
-                      else f"near-copy, estimated Jaccard {row['estimated_similarity']:.3f}")
+                      else f"near-copy, estimated Jaccard {row['estimated_similarity']:.3f}"
+                      + (f", exact {row['similarity']:.3f}" if row.get("similarity") is not None else ""))
         out.append(f"removed {row['removed_file']} @ {row['removed_offset']}  |  kept {row['kept_file']} @ "
                    f"{row['kept_offset']}  ({similarity})")
         left = textwrap.wrap(row["removed_text"], width) or [""]

@@ -400,7 +400,8 @@ def dedup_report(d: dict) -> list[str]:
                    "exact copy of a text an earlier dataset holds" if p["match"] == "earlier" else
                    f"near-copy of a text an earlier dataset holds, estimated Jaccard "
                    f"{p['estimated_similarity']:.3f}" if p["match"] == "earlier_near" else
-                   f"near-copy, estimated Jaccard {p['estimated_similarity']:.3f}")
+                   f"near-copy, estimated Jaccard {p['estimated_similarity']:.3f}"
+                   + (f", exact {p['similarity']:.3f}" if p.get("similarity") is not None else ""))
             out.append(f'<p class="where">{esc(p["removed_file"])} @ {esc(p["removed_offset"])} | kept '
                        f'{esc(p["kept_file"])} @ {esc(p["kept_offset"])} ({how})</p>'
                        f'<pre>{esc(p["removed_text"])}</pre><pre>{esc(p["kept_text"])}</pre>')

@@ -66,7 +66,7 @@ def key_by_content(batch: TokenizedBatch, seed: int, num_shards: int):
 
 
 def drop_duplicates(keyed_parts, seed: int, validation_fraction: float, source_of_input: list[int] | None,
-                    report_shards: int | None = None):
+                    report_shards: int | None = None, shingles=None):
     """(shard, DedupParts) -> one DistinctBatch of the shard's distinct texts, and (tagged
     `counts`) the copies removed, in total and per source of the removed copy.
 
@@ -83,7 +83,9 @@ def drop_duplicates(keyed_parts, seed: int, validation_fraction: float, source_o
 
     With `report_shards` (--dedup_report: the dedup shard count), tagged `report`: the rows of
     the removed copies (dedup_report.removal_rows) and the places of the kept texts that near
-    decisions may name, keyed by dedup shard."""
+    decisions may name, keyed by dedup shard; with `shingles` (shingle_sets.ExactShingles:
+    --dedup_report with --dedup near) both carry their texts' shingle sets, for the exact
+    similarity of each near-copy to its kept text."""
     _, grouped = keyed_parts
     decisions = earlier = near_keys = held_near = None
     if isinstance(grouped, dict):
@@ -126,12 +128,19 @@ def drop_duplicates(keyed_parts, seed: int, validation_fraction: float, source_o
                             sizes)
     counts = {"duplicates": int(removed.size)}
     near = np.zeros(kept.size, dtype=bool)
+    near_shingles = None
     if decisions is not None:
         near, cluster_split, kept_digests, similarity = _near_decided(digests[kept], decisions)
         if report_shards is not None:
             keys = np.repeat(np.array([p.file_key for p in parts], dtype=object), sizes)
-            for keyed in dedup_report.kept_places(keys, offsets, digests, kept[(cluster_split >= 0) & ~near],
-                                                  seed, report_shards):
+            places = kept[(cluster_split >= 0) & ~near]
+            place_shingles = None
+            if shingles is not None:
+                near_shingles = np.full(kept.size, None, dtype=object)
+                near_shingles[near] = _shingle_sets(shingles, parts, sizes, lengths, digests, kept[near])
+                place_shingles = _shingle_sets(shingles, parts, sizes, lengths, digests, places)
+            for keyed in dedup_report.kept_places(keys, offsets, digests, places, seed, report_shards,
+                                                  place_shingles):
                 yield beam.pvalue.TaggedOutput(KEPT_PLACES, keyed)
         splits = np.where(cluster_split >= 0, cluster_split, splits)
         counts[NEAR_DUPLICATES] = int(np.count_nonzero(near))
@@ -158,7 +167,8 @@ def drop_duplicates(keyed_parts, seed: int, validation_fraction: float, source_o
         if decisions is None:
             kept_digests, similarity = digests[kept], np.ones(kept.size, dtype=np.float32)
         for keyed in dedup_report.removal_rows(keys, offsets, digests, order, starts, near, kept_digests, similarity,
-                                               seed, report_shards, held, held_kept, held_similarity):
+                                               seed, report_shards, held, held_kept, held_similarity,
+                                               near_shingles):
             yield beam.pvalue.TaggedOutput(REPORT, keyed)
     if held is not None:
         for dataset, n in zip(*np.unique(held[held >= 0], return_counts=True)):
@@ -180,6 +190,14 @@ def drop_duplicates(keyed_parts, seed: int, validation_fraction: float, source_o
         for source, n in enumerate(np.bincount(sources[removed], minlength=max(source_of_input) + 1).tolist()):
             counts[mixture.source_key(source, mixture.DUPLICATES)] = n
     yield beam.pvalue.TaggedOutput(COUNTS, counts)
+
+
+def _shingle_sets(shingles, parts, sizes: list[int], lengths: np.ndarray, digests: np.ndarray,
+                  documents: np.ndarray) -> np.ndarray:
+    """The shingle sets (object array) of `documents` (indices into the parts' documents)."""
+    if documents.size == 0:
+        return np.empty(0, dtype=object)
+    return shingles.sets(kept_documents(parts, sizes, lengths, documents), lengths[documents], digests[documents])
 
 
 def _near_decided(digests: np.ndarray, decisions) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -262,8 +280,9 @@ class DropDuplicates(beam.PTransform):
 
     def __init__(self, seed: int, validation_fraction: float, num_shards: int,
                  source_of_input: list[int] | None = None, near: tuple | None = None, spill_dir: str | None = None,
-                 report: bool = False, earlier=None, earlier_near=None):
+                 report: bool = False, earlier=None, earlier_near=None, shingles=None):
         super().__init__()
+        self._shingles = shingles  # with report and near: shingle_sets.ExactShingles
         self._earlier = earlier  # --dedup_against: (shard, EarlierTexts) (dedup_index.read_earlier)
         # ... and with --dedup near, (band shard, BandEntries) (near_index.read_earlier_near)
         self._earlier_near = earlier_near
@@ -298,7 +317,7 @@ class DropDuplicates(beam.PTransform):
             grouped = joined | "GroupByContent" >> beam.CoGroupByKey()
         distinct = grouped | "KeepOneCopy" >> beam.FlatMap(
             drop_duplicates, self._seed, self._validation_fraction, self._source_of_input,
-            self._num_shards if self._report else None) \
+            self._num_shards if self._report else None, self._shingles if self._report else None) \
             .with_outputs(COUNTS, REPORT, KEPT_PLACES, INDEX, main="batches")
         counts = distinct[COUNTS]
         if counted:

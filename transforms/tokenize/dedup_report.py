@@ -28,6 +28,7 @@ from fsspec.core import url_to_fs
 from transforms import create_only, hashing
 from transforms.read.inputs import place_name
 from transforms.records import RecordCoder
+from transforms.tokenize.shingle_sets import jaccard
 from flat_tokens.format.report_files import EARLIER, EARLIER_NEAR, PARQUET_SUFFIX, report_file_name, report_format
 
 REPORT_ROWS = "dedup_report_rows"  # the count key: rows written
@@ -56,6 +57,10 @@ class ReportRows:
     kept_digests: np.ndarray  # (n, 2) uint64
     near: np.ndarray  # bool: matched as a near-copy (else an exact copy)
     estimated: np.ndarray  # float32 estimated Jaccard similarity (1 for exact copies)
+    # Near-copies, with shingle_sets: the removed text's shingle set (object: array or None)
+    # until its kept text's joins it, then their exact Jaccard similarity (NaN: not known).
+    shingles: np.ndarray
+    exact: np.ndarray  # float64
 
     def take(self, index) -> "ReportRows":
         return ReportRows(*(getattr(self, f.name)[index] for f in fields(self)))
@@ -72,6 +77,7 @@ class KeptPlaces:
     digests: np.ndarray  # (n, 2) uint64
     keys: np.ndarray  # object (str) file keys
     offsets: np.ndarray  # uint64
+    shingles: np.ndarray | None = None  # object: each one's shingle set (or None), with shingle_sets
 
 
 for _record in (ReportRows, KeptPlaces):
@@ -81,7 +87,7 @@ for _record in (ReportRows, KeptPlaces):
 def removal_rows(keys: np.ndarray, offsets: np.ndarray, digests: np.ndarray, order: np.ndarray,
                  starts: np.ndarray, near: np.ndarray, kept_digests: np.ndarray, similarity: np.ndarray,
                  seed: int, num_shards: int, held: np.ndarray | None = None, held_kept: np.ndarray | None = None,
-                 held_similarity: np.ndarray | None = None):
+                 held_similarity: np.ndarray | None = None, near_shingles: np.ndarray | None = None):
     """One dedup shard's rows, keyed by the dedup shard where each is completed.
 
     `keys`, `offsets`, `digests`: the shard's copies; `order` sorts them by text, then place,
@@ -90,7 +96,9 @@ def removal_rows(keys: np.ndarray, offsets: np.ndarray, digests: np.ndarray, ord
     `similarity`. `held` (--dedup_against): per text, the earlier dataset that holds it, or -1;
     every copy of a text held earlier, its kept copy too, names that dataset as kept, and the
     earlier text's digest (`held_kept`: its own for an exact copy, another for a near-copy)
-    at `held_similarity`.
+    at `held_similarity`. `near_shingles` (with shingle_sets): per text, the shingle set of a
+    text removed as a near-copy (object; None when not known), carried to where its kept
+    text's is.
     Yields (shard, ReportRows) and (shard, KeptPlaces)."""
     sizes = np.diff(np.append(starts, order.size))
     text_of = np.repeat(np.arange(starts.size), sizes)  # per sorted copy
@@ -103,7 +111,7 @@ def removal_rows(keys: np.ndarray, offsets: np.ndarray, digests: np.ndarray, ord
         copies, kept = order[exact], kept_copy[exact]
         n = copies.size
         rows = ReportRows(keys[copies], offsets[copies], digests[copies], keys[kept], offsets[kept], digests[kept],
-                          np.zeros(n, dtype=bool), np.ones(n, dtype=np.float32))
+                          np.zeros(n, dtype=bool), np.ones(n, dtype=np.float32), *_unknown(n))
         yield from _keyed(rows, digests[copies], seed, num_shards)
     if earlier.any():
         copies = order[earlier]
@@ -112,7 +120,8 @@ def removal_rows(keys: np.ndarray, offsets: np.ndarray, digests: np.ndarray, ord
         texts = text_of[earlier]
         rows = ReportRows(keys[copies], offsets[copies], digests[copies], kept_keys, np.zeros(n, dtype=np.uint64),
                           digests[copies] if held_kept is None else held_kept[texts], np.zeros(n, dtype=bool),
-                          np.ones(n, dtype=np.float32) if held_similarity is None else held_similarity[texts])
+                          np.ones(n, dtype=np.float32) if held_similarity is None else held_similarity[texts],
+                          *_unknown(n))
         yield from _keyed(rows, digests[copies], seed, num_shards)
     removed = near[text_of]  # every copy of a text removed as a near-copy
     if removed.any():
@@ -120,14 +129,23 @@ def removal_rows(keys: np.ndarray, offsets: np.ndarray, digests: np.ndarray, ord
         n = copies.size
         rows = ReportRows(keys[copies], offsets[copies], digests[copies], np.full(n, None, dtype=object),
                           np.zeros(n, dtype=np.uint64), kept_digests[texts], np.ones(n, dtype=bool),
-                          similarity[texts].astype(np.float32))
+                          similarity[texts].astype(np.float32), *_unknown(n))
+        if near_shingles is not None:
+            rows.shingles[:] = near_shingles[texts]
         yield from _keyed(rows, rows.kept_digests, seed, num_shards)
 
 
-def kept_places(keys, offsets, digests, kept_copies: np.ndarray, seed: int, num_shards: int):
-    """(shard, KeptPlaces) for the kept copies of texts that near-copies may name."""
+def _unknown(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(shingles, exact) of n rows without them."""
+    return np.full(n, None, dtype=object), np.full(n, np.nan)
+
+
+def kept_places(keys, offsets, digests, kept_copies: np.ndarray, seed: int, num_shards: int,
+                shingles: np.ndarray | None = None):
+    """(shard, KeptPlaces) for the kept copies of texts that near-copies may name (with
+    `shingles`, their shingle sets, aligned with `kept_copies`)."""
     if kept_copies.size:
-        places = KeptPlaces(digests[kept_copies], keys[kept_copies], offsets[kept_copies])
+        places = KeptPlaces(digests[kept_copies], keys[kept_copies], offsets[kept_copies], shingles)
         yield int(hashing.content_shards(places.digests[:1], seed, num_shards)[0]), places
 
 
@@ -159,6 +177,12 @@ def complete_rows(keyed) -> list[tuple[int, ReportRows]]:
             raise RuntimeError("dedup report: a near-copy names a kept text whose place never arrived") from None
         rows.kept_keys[missing] = keys[at]
         rows.kept_offsets[missing] = offsets[at]
+        if any(p.shingles is not None for p in places):  # the exact similarity, where both sets are known
+            kept_sets = np.concatenate([p.shingles if p.shingles is not None else np.full(p.offsets.size, None)
+                                        for p in places])
+            rows.exact[missing] = [jaccard(rows.shingles[i], kept_sets[j])
+                                   for i, j in zip(missing.tolist(), at.tolist())]
+        rows.shingles[:] = None  # not carried further
     # A total order of the rows: by removed place, which is unique to each removed copy.
     order = sorted(range(rows.near.size), key=lambda i: (rows.removed_keys[i], int(rows.removed_offsets[i])))
     return [(shard, rows.take(np.array(order, dtype=np.int64)))]
@@ -180,8 +204,13 @@ def row_dicts(rows: ReportRows, urls: dict[str, str]) -> list[dict]:
             "kept_digest": _hex(rows.kept_digests[i]),
             "match": NEAR if near else EARLIER_NEAR if earlier_near else EARLIER if earlier else EXACT,
             "estimated_similarity": round(float(rows.estimated[i]), 4),
-            "similarity": None if near or earlier_near else 1.0})
+            "similarity": _similarity(rows.exact[i]) if near else None if earlier_near else 1.0})
     return out
+
+
+def _similarity(exact: float) -> float | None:
+    """A near-copy's exact Jaccard similarity, to 6 decimals, or None when not known."""
+    return None if np.isnan(exact) else round(float(exact), 6)
 
 
 def _hex(digest: np.ndarray) -> str:

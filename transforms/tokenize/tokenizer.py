@@ -166,6 +166,25 @@ def load_encoders(info: TokenizerInfo, storage_options: dict | None = None):
     return encoder, backends.make_encoder(backends.HF, text, split) if checked else None
 
 
+_DECODERS = {}  # sha256 -> decode: loaded once per process
+
+
+def load_decoder(info: TokenizerInfo, storage_options: dict | None = None):
+    """decode(ids) -> str for a resolved tokenizer (checked by sha256, as load_encoders): the
+    text its ids stand for, special tokens included. Whether that is the text that was read
+    depends on the tokenizer (a normalizer may have changed it): callers compare digests."""
+    if info.kind == BYTES:
+        return lambda ids: (np.asarray(ids, dtype=np.int64) - 1).astype(np.uint8).tobytes().decode("utf-8")
+    if info.sha256 not in _DECODERS:
+        text, _ = _load_json_text(info.spec, storage_options)
+        if hashlib.sha256(text.encode("utf-8")).hexdigest() != info.sha256:
+            raise TokenizerError(f"--tokenizer {info.spec}: its content changed while the job ran; rerun with a "
+                                 f"fixed tokenizer file")
+        tokenizer = backends.hf_tokenizer(text)
+        _DECODERS[info.sha256] = lambda ids: tokenizer.decode(np.asarray(ids).tolist(), skip_special_tokens=False)
+    return _DECODERS[info.sha256]
+
+
 def check_id_limit(top: int, spec: str) -> None:
     """The format stores 2*id + start bit in 32 bits; `top` is the largest id produced."""
     if top > MAX_TOKEN_ID:
