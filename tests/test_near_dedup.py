@@ -597,7 +597,8 @@ def test_shingle_sets_give_the_exact_jaccard_and_none_for_texts_not_given_back()
     the Jaccard similarity of the sets is the one computed here, for words and for tokens; a
     document whose ids do not decode to its digest's text has no set."""
     from transforms.tokenize.dedup import content_digests
-    from transforms.tokenize.shingle_sets import ExactShingles, jaccard
+    from transforms.tokenize.minhash import jaccard
+    from transforms.tokenize.shingle_sets import ExactShingles
     from transforms.tokenize.tokenizer import encode_bytes, resolve_tokenizer
     a = json.loads(next(open(SAMPLE / "corpus-1.jsonl", encoding="utf-8")))["text"]
     b = edited(a, random.Random(1), 0.05).upper()  # a Cyrillic ё would fold too: "What a shingle is"

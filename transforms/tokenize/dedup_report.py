@@ -28,7 +28,7 @@ from fsspec.core import url_to_fs
 from transforms import create_only, hashing
 from transforms.read.inputs import place_name
 from transforms.records import RecordCoder
-from transforms.tokenize.shingle_sets import jaccard
+from transforms.tokenize.minhash import jaccard
 from flat_tokens.format.report_files import EARLIER, EARLIER_NEAR, PARQUET_SUFFIX, report_file_name, report_format
 
 REPORT_ROWS = "dedup_report_rows"  # the count key: rows written

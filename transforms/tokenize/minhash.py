@@ -473,3 +473,12 @@ def estimated_jaccard(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """The one-permutation estimate of each pair of rows' Jaccard similarity."""
     same, filled = agreement(a, b)
     return same / np.maximum(filled, 1)
+
+
+def jaccard(a: np.ndarray | None, b: np.ndarray | None) -> float:
+    """|a & b| / |a | b| of two exact shingle sets (transforms/tokenize/shingle_sets.py), NaN
+    when either is unknown."""
+    if a is None or b is None or a.size + b.size == 0:
+        return float("nan")
+    shared = np.intersect1d(a, b, assume_unique=True).size
+    return shared / (a.size + b.size - shared)

@@ -24,6 +24,8 @@ import numpy as np
 
 from transforms import hashing
 from transforms.tokenize import minhash
+from transforms.tokenize.dedup import digests_of
+from transforms.tokenize.tokenizer import load_decoder
 
 
 @dataclass(frozen=True)
@@ -43,9 +45,6 @@ class ExactShingles:
             for i, one in enumerate(shingle_sets(ids, lengths, self.settings.shingle_size)):
                 out[i] = one
             return out
-        # Imported here: the tokenizer's module imports dedup's, which imports this one's jaccard.
-        from transforms.tokenize.dedup import digests_of
-        from transforms.tokenize.tokenizer import load_decoder
         decode = load_decoder(self.tokenizer, self.storage_options)
         bounds = np.append(0, np.cumsum(lengths))
         encoded = []
@@ -87,11 +86,3 @@ def shingle_sets(units: np.ndarray, per_doc: np.ndarray, n: int) -> list[np.ndar
     # A document's n-grams start at its first per_doc - n + 1 units (none when it is shorter).
     ends = np.maximum(starts, starts + per_doc - n + 1)
     return [np.unique(h[a:b]) for a, b in zip(starts.tolist(), ends.tolist())]
-
-
-def jaccard(a: np.ndarray | None, b: np.ndarray | None) -> float:
-    """|a & b| / |a | b| of two shingle sets (shingle_sets), NaN when either is unknown."""
-    if a is None or b is None or a.size + b.size == 0:
-        return float("nan")
-    shared = np.intersect1d(a, b, assume_unique=True).size
-    return shared / (a.size + b.size - shared)
