@@ -73,17 +73,24 @@ def encode_index(digests: np.ndarray, splits: np.ndarray) -> bytes:
     return seal(payload)
 
 
+def counted_body(data, name: str, magic: bytes, per_document: int, what: str) -> tuple[int, np.ndarray]:
+    """(documents, the bytes after the header) of a sealed index file of either part: its seal,
+    its `magic` and its size (the header's count times `per_document`) checked; checksums.Damaged
+    or MissingIndex, naming `name`, otherwise. Both magics are as long as INDEX_MAGIC."""
+    payload = unseal(data, name)
+    if payload.nbytes < _HEADER or bytes(payload[:len(magic)]) != magic:
+        raise MissingIndex(f"{name}: not {what} of this version (no {magic!r} header)")
+    n = struct.unpack("<Q", payload[len(magic):_HEADER])[0]
+    if payload.nbytes != _HEADER + per_document * n:
+        raise MissingIndex(f"{name}: holds {payload.nbytes} bytes, {_HEADER + per_document * n} for its {n} "
+                           f"documents")
+    return n, np.frombuffer(payload, dtype=np.uint8, offset=_HEADER)
+
+
 def decode_index(data, name: str) -> tuple[np.ndarray, np.ndarray]:
     """(digests (n, 2) uint64, splits int8) of a sealed index file; checksums.Damaged, naming
     `name`, when it is not whole."""
-    payload = unseal(data, name)
-    if payload.nbytes < _HEADER or bytes(payload[:len(INDEX_MAGIC)]) != INDEX_MAGIC:
-        raise MissingIndex(f"{name}: not a dedup index file of this version (no {INDEX_MAGIC!r} header)")
-    n = struct.unpack("<Q", payload[len(INDEX_MAGIC):_HEADER])[0]
-    if payload.nbytes != _HEADER + BYTES_PER_DOCUMENT * n:
-        raise MissingIndex(f"{name}: holds {payload.nbytes} bytes, {_HEADER + BYTES_PER_DOCUMENT * n} for its {n} "
-                           f"documents")
-    body = np.frombuffer(payload, dtype=np.uint8, offset=_HEADER)
+    n, body = counted_body(data, name, INDEX_MAGIC, BYTES_PER_DOCUMENT, "a dedup index file")
     digests = body[:16 * n].view("<u8").astype(np.uint64).reshape(-1, 2)
     splits = body[16 * n:].view(np.int8).copy()
     return digests, splits
@@ -100,14 +107,7 @@ def encode_near(keys: np.ndarray, sketches: np.ndarray) -> bytes:
 def decode_near(data, name: str) -> tuple[np.ndarray, np.ndarray]:
     """(band keys (n, NEAR_BANDS) uint32, sketches (n, SKETCH_BYTES) uint8) of a sealed near
     file; checksums.Damaged, naming `name`, when it is not whole."""
-    payload = unseal(data, name)
-    if payload.nbytes < _HEADER or bytes(payload[:len(NEAR_MAGIC)]) != NEAR_MAGIC:
-        raise MissingIndex(f"{name}: not a near-copy index file of this version (no {NEAR_MAGIC!r} header)")
-    n = struct.unpack("<Q", payload[len(NEAR_MAGIC):_HEADER])[0]
-    if payload.nbytes != _HEADER + NEAR_BYTES_PER_DOCUMENT * n:
-        raise MissingIndex(f"{name}: holds {payload.nbytes} bytes, {_HEADER + NEAR_BYTES_PER_DOCUMENT * n} for its "
-                           f"{n} documents")
-    body = np.frombuffer(payload, dtype=np.uint8, offset=_HEADER)
+    n, body = counted_body(data, name, NEAR_MAGIC, NEAR_BYTES_PER_DOCUMENT, "a near-copy index file")
     keys = body[:4 * NEAR_BANDS * n].view("<u4").astype(np.uint32).reshape(-1, NEAR_BANDS)
     sketches = body[4 * NEAR_BANDS * n:].reshape(-1, SKETCH_BYTES).copy()
     return keys, sketches
