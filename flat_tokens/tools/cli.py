@@ -42,6 +42,14 @@ def run_command(main, argv=None) -> int:
         return CLOSED_STDOUT
 
 
+def needs_full_install(command: str, why: str) -> int:
+    """The one line (and exit 2) for a job's command where only the reader is installed."""
+    print(f"flat-tokens: error: `flat-tokens {command}` {why}: the reader-only install (flat-tokens-reader) "
+          f"reads datasets (verify, inspect, report) but runs no pipeline. Install flat-tokens-beam for "
+          f"`run`, `export` and `index`.", file=sys.stderr)
+    return 2
+
+
 def dispatch(argv, commands: dict, missing: set, before=None) -> int:
     """`flat-tokens COMMAND ...`: imports the command's module and runs its main. A module
     needing a package in `missing` (what only the full install has) says which install runs it.
@@ -54,10 +62,7 @@ def dispatch(argv, commands: dict, missing: set, before=None) -> int:
         return 0
     if argv[0] not in commands:
         if argv[0] in JOB_COMMANDS:
-            print(f"flat-tokens: error: `flat-tokens {argv[0]}` is the job's: this reader-only install "
-                  f"(flat-tokens-reader) reads datasets (verify, inspect, report) but runs no pipeline. "
-                  f"Install flat-tokens-beam for `run`, `export` and `index`.", file=sys.stderr)
-            return 2
+            return needs_full_install(argv[0], "is the job's")
         print(f"flat-tokens: error: unknown command {argv[0]!r}\n\n{usage(commands)}", file=sys.stderr)
         return 2
     if before is not None:
@@ -67,10 +72,7 @@ def dispatch(argv, commands: dict, missing: set, before=None) -> int:
     except ModuleNotFoundError as e:
         if e.name not in missing:
             raise
-        print(f"flat-tokens: error: `flat-tokens {argv[0]}` needs {e.name}, which this environment lacks: the "
-              f"reader-only install (flat-tokens-reader) reads datasets (verify, inspect) but runs no pipeline. "
-              f"Install flat-tokens-beam for `run` and `export`.", file=sys.stderr)
-        return 2
+        return needs_full_install(argv[0], f"needs {e.name}, which this environment lacks")
     return module.main(argv[1:])
 
 
