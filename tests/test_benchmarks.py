@@ -458,19 +458,25 @@ def test_bench_report_smoke(tmp_path):
     assert "ratio 1 MB / 0.2 MB:" in proc.stdout
 
 
-@pytest.mark.slow
-def test_bench_dedup_against_smoke(tmp_path):
-    """benchmarks/bench_dedup_against.py: the index's bytes per document, and CPU with and without."""
+def bench_dedup_against(tmp_path, *extra):
+    """benchmarks/bench_dedup_against.py on two days of 200 of the sample's texts: (the process,
+    its --json results)."""
     texts = [json.loads(line)["text"] for line in open(SAMPLE / "corpus-1.jsonl", encoding="utf-8")][:300]
     corpus = write_jsonl(tmp_path / "tiny.jsonl", texts)
     results = tmp_path / "bench.json"
     proc = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "bench_dedup_against.py"), "--input", str(corpus), "--tokenizer",
          "bytes", "--days", "2", "--documents_per_day", "200", "--rounds", "1", "--json", str(results),
-         "--workdir", str(tmp_path / "work")],
+         "--workdir", str(tmp_path / "work"), *extra],
         cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
-    r = json.loads(results.read_text())
+    return proc, json.loads(results.read_text())
+
+
+@pytest.mark.slow
+def test_bench_dedup_against_smoke(tmp_path):
+    """benchmarks/bench_dedup_against.py: the index's bytes per document, and CPU with and without."""
+    proc, r = bench_dedup_against(tmp_path)
     assert r["indexed"] == 400 and 17 <= r["index_bytes_per_document"] < 18  # 17 a document, 20 a file
     assert [run["removed"] for run in r["runs"]["b"]] == [r["repeated"]] == [20]
     assert [run["removed"] for run in r["runs"]["a"]] == [0]
@@ -482,16 +488,7 @@ def test_bench_dedup_against_smoke(tmp_path):
 def test_bench_dedup_against_near_smoke(tmp_path):
     """bench_dedup_against.py --dedup near: the index with its near part (64 bytes a document
     and the files' headers), and the planted near-copies of earlier texts removed as such."""
-    texts = [json.loads(line)["text"] for line in open(SAMPLE / "corpus-1.jsonl", encoding="utf-8")][:300]
-    corpus = write_jsonl(tmp_path / "tiny.jsonl", texts)
-    results = tmp_path / "bench.json"
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "bench_dedup_against.py"), "--input", str(corpus), "--tokenizer",
-         "bytes", "--days", "2", "--documents_per_day", "200", "--rounds", "1", "--json", str(results),
-         "--workdir", str(tmp_path / "work"), "--dedup", "near"],
-        cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
-    r = json.loads(results.read_text())
+    proc, r = bench_dedup_against(tmp_path, "--dedup", "near")
     # Documents of lines drawn at random may be near-copies of each other: a few are removed inside a day.
     assert 390 <= r["indexed"] <= 400 and 64 <= r["index_bytes_per_document"] < 66
     (b,) = r["runs"]["b"]

@@ -178,18 +178,25 @@ def test_the_report_names_the_earlier_dataset_as_kept(days):
     assert removed == Counter(t["repeats_2"] + t["repeats_2"][:3])
 
 
-@pytest.mark.slow
-def test_a_killed_run_resumes_to_the_same_bytes_index_included(tmp_path):
+def killed_and_resumed(tmp_path, dedup: str):
+    """An earlier dataset of two files, then a run deduplicated against it killed after two
+    shards and resumed: (its output, an uninterrupted run's output, the earlier dataset)."""
     corpus(tmp_path / "in")  # 8 files of 500 distinct documents
     earlier = tmp_path / "earlier.zarr"
     run_pipeline("--input", tmp_path / "in" / "part-0.jsonl", "--input", tmp_path / "in" / "part-1.jsonl",
-                 "--tokenizer", "bytes", "--dedup", "exact", "--output", earlier)
-    args = job_args(tmp_path, "--dedup", "exact", "--dedup_against", earlier)
+                 "--tokenizer", "bytes", "--dedup", dedup, "--output", earlier)
+    args = job_args(tmp_path, "--dedup", dedup, "--dedup_against", earlier)
     ref = tmp_path / "ref.zarr"
     run_pipeline(*args, "--output", ref)
     out = tmp_path / "out.zarr"
     kill_when(args, out, lambda: shards_recorded(out) >= 2)
     resume(args, out, tmp_path / "summary.json")
+    return out, ref, earlier
+
+
+@pytest.mark.slow
+def test_a_killed_run_resumes_to_the_same_bytes_index_included(tmp_path):
+    out, ref, earlier = killed_and_resumed(tmp_path, "exact")
     assert dataset_digest(out) == dataset_digest(ref)
     assert any(name.startswith(INDEX_DIRECTORY) for name in dataset_digest(out))
     assert stats(out)["dedup_against"] == 1000 and stats(out)["dedup_against_by_dataset"] == {str(earlier): 1000}
@@ -197,16 +204,7 @@ def test_a_killed_run_resumes_to_the_same_bytes_index_included(tmp_path):
 
 @pytest.mark.slow
 def test_a_killed_near_run_resumes_to_the_same_bytes_near_index_included(tmp_path):
-    corpus(tmp_path / "in")
-    earlier = tmp_path / "earlier.zarr"
-    run_pipeline("--input", tmp_path / "in" / "part-0.jsonl", "--input", tmp_path / "in" / "part-1.jsonl",
-                 "--tokenizer", "bytes", "--dedup", "near", "--output", earlier)
-    args = job_args(tmp_path, "--dedup", "near", "--dedup_against", earlier)
-    ref = tmp_path / "ref.zarr"
-    run_pipeline(*args, "--output", ref)
-    out = tmp_path / "out.zarr"
-    kill_when(args, out, lambda: shards_recorded(out) >= 2)
-    resume(args, out, tmp_path / "summary.json")
+    out, ref, _ = killed_and_resumed(tmp_path, "near")
     assert dataset_digest(out) == dataset_digest(ref)
     assert any(name.startswith(f"{INDEX_DIRECTORY}/near-") for name in dataset_digest(out))
     assert stats(out)["dedup_against"] >= 1000 and verify.verify_dataset(str(out)) == []
