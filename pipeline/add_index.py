@@ -40,16 +40,17 @@ import zarr
 from fsspec.core import url_to_fs
 
 from flat_tokens import read_guard
+from flat_tokens.format import manifest
+from flat_tokens.format.index_files import (INDEX_DIRECTORY, NEAR_BANDS, SKETCH_BYTES, digest_order, encode_index,
+                                             encode_near, index_file_name, index_key, near_file_name)
 from flat_tokens.tools.verify import CannotOpen, verify_dataset
 from transforms import create_only, hashing
 from transforms.tokenize import dedup_index
+from transforms.tokenize.characters import BatchText
 from transforms.tokenize.dedup import digests_of
-from flat_tokens.format.index_files import (INDEX_DIRECTORY, NEAR_BANDS, SKETCH_BYTES, digest_order, encode_index,
-                                             encode_near, index_file_name, index_key, near_file_name)
 from transforms.tokenize.minhash import SHINGLES, MinHashSettings, batch_signatures
 from transforms.tokenize.near_index import near_keys
 from transforms.tokenize.tokenizer import TokenizerInfo, load_encoders
-from flat_tokens.format import manifest
 from transforms.write.zarr_store import make_store, read_root_attributes
 
 SEQUENCES_AT_ONCE = 65536  # decoded and re-encoded together: memory is one block's texts
@@ -106,10 +107,10 @@ def split_digests(group, decode, encode, split: str, near: MinHashSettings | Non
             raise IndexRefused(f"{split}: a sequence among {first}-{last - 1} does not encode back to its ids once "
                                f"decoded: the tokenizer loses text, so the texts the dataset was built from cannot "
                                f"be recovered; rebuild it with --dedup exact (and --overwrite) to give it an index")
-        encoded = [t.encode("utf-8") for t in texts]
-        found.append(digests_of(encoded))
+        text = BatchText.of(texts)
+        found.append(digests_of(text.encoded))
         if near is not None:
-            signatures = batch_signatures(near, encoded, ids.astype(np.uint32), np.diff(bounds))
+            signatures = batch_signatures(near, text, ids.astype(np.uint32), np.diff(bounds))
             k, sk = near_keys(signatures)
             keys.append(k)
             sketches.append(sk)

@@ -448,12 +448,12 @@ def test_near_keys_of_a_near_copy_share_a_band_and_agree_on_the_sketch():
     """A text and its near-copy (J about 0.9) share band keys and pass the sketch test; two
     unrelated texts share none; a text too short for a shingle has no keys."""
     import numpy as np
+    from transforms.tokenize.characters import BatchText
     from transforms.tokenize.minhash import MinHashSettings, batch_signatures
     from transforms.tokenize.near_index import SKETCH_BITS, needed_bits, near_keys
     texts = [t for t in sample_texts() if len(t.split()) >= 100][:2]
     docs = [texts[0], near_copy(texts[0], 1), texts[1], "too short"]
-    encoded = [d.encode("utf-8") for d in docs]
-    keys, sketches = near_keys(batch_signatures(MinHashSettings(), encoded, None, np.zeros(4, np.int64)))
+    keys, sketches = near_keys(batch_signatures(MinHashSettings(), BatchText.of(docs), None, np.zeros(4, np.int64)))
     assert np.intersect1d(keys[0], keys[1]).size and not np.intersect1d(keys[0], keys[2]).size
     agree = SKETCH_BITS - np.unpackbits(sketches[0] ^ sketches[1]).sum()
     assert agree >= needed_bits(THRESHOLD, 256, 2.0) > SKETCH_BITS - np.unpackbits(sketches[0] ^ sketches[2]).sum()

@@ -10,6 +10,7 @@ precision of the removals (a removed text has a kept text at or above threshold 
 no pair at or above the threshold across train and validation."""
 import json
 import random
+import re
 import unicodedata
 from collections import Counter, defaultdict
 from itertools import combinations
@@ -20,7 +21,8 @@ import zarr
 
 from tests.helpers import SAMPLE, check_flat_tokens, refused, run_pipeline, write_jsonl
 from tests.test_resume import dataset_digest, kill_when, resume, staged_now, units_staged
-from transforms.tokenize import minhash
+from transforms.tokenize import minhash, words
+from transforms.tokenize.characters import BatchText
 from transforms.tokenize.near_dedup import candidate_pairs, components, large_star, small_star
 
 THRESHOLD = 0.8
@@ -303,7 +305,7 @@ def test_signatures_estimate_jaccard_within_their_standard_deviation():
         v = edited(t, rng, rng.uniform(0, 0.1))
         a, b = shingles(t), shingles(v)
         exact = len(a & b) / len(a | b)
-        s = minhash.batch_signatures(minhash.MinHashSettings(), [t.encode(), v.encode()], None, None)
+        s = minhash.batch_signatures(minhash.MinHashSettings(), BatchText.of([t, v]), None, None)
         errors.append(minhash.estimated_jaccard(s[:1], s[1:])[0] - exact)
     errors = np.array(errors)
     assert abs(errors.mean()) < 0.01 and errors.std() < 0.04, (errors.mean(), errors.std())
@@ -325,7 +327,7 @@ def test_case_accents_and_spaces_of_any_script_change_no_shingle(variant):
     assert len(RUSSIAN.split()) >= 60
     other = variant(RUSSIAN)
     assert other != RUSSIAN and shingles(other) == shingles(RUSSIAN) and len(shingles(RUSSIAN)) >= 55
-    s = minhash.batch_signatures(minhash.MinHashSettings(), [RUSSIAN.encode(), other.encode()], None, None)
+    s = minhash.batch_signatures(minhash.MinHashSettings(), BatchText.of([RUSSIAN, other]), None, None)
     assert minhash.signed(s).all() and minhash.estimated_jaccard(s[:1], s[1:])[0] == 1.0
 
 
@@ -338,7 +340,7 @@ def test_unicode_words_are_the_definitions():
     """Texts of many scripts: the pipeline's normalised words are the definition's (NFKC,
     casefold, marks dropped, runs of letters, digits and `_`), computed character by character."""
     for text in MULTILINGUAL:
-        (normalised,) = minhash.normalised_words([text.encode()])
+        (normalised,) = words.normalised_words(BatchText([text.encode()]))
         assert normalised.decode().split() == words_of(text), text
 
 
@@ -347,7 +349,18 @@ def test_unicode_words_are_the_definitions():
 NEIGHBOURS = ["ｶﾞｷﾞ ﾊﾟﾝ ｶﾀｶﾅ", "cafe\u0301 re\u0301sume\u0301 naïve", "\u1100\u1161\u11a8 \u1112\u1161\u11ab 한국어",
               "a <\u0338 b =\u0338 c", "ᾳ ᾼ Ἀθῆναι \u03b1\u0345", "Straße ẞ ﬁne ﬀ ㍻ ½ Ⅻ ①",
               "ŉ ǰ ΐ İ ı K Ω Å µ", "क\u093c ख़ ଓ\u0b3e \u0b47\u0b3e", "Ё ё е\u0308 Й й и\u0306 ТЕКСТ текст",
-              "ไม้เอก ภาษาไทย", "كَتَبَ العربية", "plain ascii then é"]
+              "ไม้เอก ภาษาไทย", "كَتَبَ العربية", "plain ascii then é", "ﷺ ﷻ ㍿ ㈱ ㏍ long expansions"]
+
+# Code points of every kind a text's characters can be to its words: ASCII, letters that fold
+# to one character, marks, expansions to 2-6 characters and to more (ﷺ), characters that
+# compose with the one before, half-width sound marks, Hangul jamo, whitespace, punctuation.
+TRICKY = (" \t\n.,-_0123456789azAZ" + "éÉñÑßẞçÇøØæÆ" + "ёЁйЙжЖщЩ" + "άΆΐΣσς" + "\u0301\u0308\u0306\u0345\u093c\u0b3e"
+          + "ﬁﬀ㍻½Ⅻ①㍿ﷺﷻ" + "ｶﾞﾟｱ" + "\u1100\u1161\u11a8한국" + "ไม้" + "كَت" + "日本語、。" + "\u00a0\u2003\u200b…" + "İıKΩÅµŉǰ")
+
+
+def tricky_texts(count: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    return ["".join(rng.choice(TRICKY) for _ in range(rng.randrange(1, 80))) for _ in range(count)]
 
 
 def test_texts_of_any_characters_get_the_definitions_words():
@@ -356,10 +369,32 @@ def test_texts_of_any_characters_get_the_definitions_words():
     the whole-text definition."""
     texts = NEIGHBOURS + MULTILINGUAL + ["".join(NEIGHBOURS), " ".join(MULTILINGUAL)]
     for batch in ([t] for t in texts):
-        (normalised,) = minhash.normalised_words([t.encode() for t in batch])
+        (normalised,) = words.normalised_words(BatchText([t.encode() for t in batch]))
         assert normalised.decode().split() == words_of(batch[0]), batch[0]
-    together = minhash.normalised_words([t.encode() for t in texts])
+    together = words.normalised_words(BatchText.of(texts))
     assert [n.decode().split() for n in together] == [words_of(t) for t in texts]
+
+
+def words_as_hashed(normalised: bytes, text: str) -> list[str]:
+    """The words of a text as normalised_words gives them: an ASCII text is given as it is,
+    to be lowercased and split by word_hashes' byte table."""
+    if text.isascii():
+        return re.findall(r"\w+", normalised.decode().lower(), re.ASCII)
+    return normalised.decode().split()
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_random_texts_of_every_kind_of_character_get_the_definitions_words(seed):
+    """Random texts of every kind of character, in one batch (the characters that do not
+    become one character are put in place across the whole batch's code points at once):
+    each text's words are the definition's, and its words hash as those words do."""
+    texts = tricky_texts(400, seed)
+    normalised = words.normalised_words(BatchText.of(texts))
+    assert any(t.isascii() for t in texts) and [words_as_hashed(n, t) for n, t in zip(normalised, texts)] == [
+        words_of(t) for t in texts]
+    by_path = words.word_hashes(BatchText.of(texts))
+    by_definition = words.word_hashes(BatchText.of([" ".join(words_of(t)) for t in texts]))
+    assert all(np.array_equal(a, b) for a, b in zip(by_path, by_definition))
 
 
 def test_densified_bins_take_the_first_filled_bin_in_their_order():
@@ -396,15 +431,16 @@ def test_capitals_of_any_script_are_counted_as_defined():
             counts = (sum(c.isupper() for c in text), sum(c.isupper() or c.islower() for c in text))
         return min(CAPITAL_LEVELS * counts[0] // max(counts[1], 1), CAPITAL_LEVELS - 1)
 
-    texts = NEIGHBOURS + MULTILINGUAL + [RUSSIAN, RUSSIAN.upper(), "ΟΔΟΣ ΣΟΦΟΣ οδος", "STRASSE Straße", "ǅemal ǄEMAL"]
-    assert ((copy_defects([t.encode() for t in texts]) >> 8).tolist() == [capital_level(t) for t in texts])
+    texts = (NEIGHBOURS + MULTILINGUAL + [RUSSIAN, RUSSIAN.upper(), "ΟΔΟΣ ΣΟΦΟΣ οδος", "STRASSE Straße", "ǅemal ǄEMAL"]
+             + tricky_texts(300, 7) + ["Only ASCII", "ONLY ASCII"])
+    assert ((copy_defects(BatchText.of(texts)) >> 8).tolist() == [capital_level(t) for t in texts])
 
 
 def test_the_ascii_fast_path_makes_the_definitions_words():
     """ASCII texts skip the Unicode normalisation: their words hash as the normalised ones would."""
     texts = ["Hello, World! it's a_b  TEST-case 42x\ttab", "MIXED case: Ünïcödé and ASCII", "ﬁne ＦＵＬＬ ｗｉｄｔｈ"]
-    by_path = minhash.word_hashes([t.encode() for t in texts])
-    normalised = minhash.word_hashes([" ".join(words_of(t)).encode() for t in texts])
+    by_path = words.word_hashes(BatchText.of(texts))
+    normalised = words.word_hashes(BatchText.of([" ".join(words_of(t)) for t in texts]))
     assert all(np.array_equal(a, b) for a, b in zip(by_path, normalised))
     assert by_path[1].tolist() == [len(words_of(t)) for t in texts]
 
@@ -513,12 +549,34 @@ def test_copy_defects_rate_capitals_and_mangled_whitespace_not_length():
     prose = "The river ran past the mill. Every morning the miller opened the gates.\n    indented code line\n"
     texts = [prose, prose.upper(), prose.title(), prose.replace(" ", "  "), prose * 5, prose.replace("\n", "  \n"),
              RUSSIAN, RUSSIAN.upper(), "ÉCOLE " * 10, "straße " * 10, ""]
-    d = copy_defects([t.encode() for t in texts])
+    d = copy_defects(BatchText.of(texts))
     capitals, anomalies = (d >> 8).tolist(), (d & 0xFF).tolist()
     assert capitals[0] == 0 and capitals[1] == 15 and 3 <= capitals[2] <= 6 and capitals[4] == capitals[0]
     assert capitals[6] == 0 and capitals[7] == 15 and capitals[8] == 15 and capitals[9] == 0
     assert anomalies[0] == anomalies[4] == anomalies[6] == 0, "indentation and length are no defect"
     assert anomalies[3] > 50 and anomalies[5] > 0 and d[10] == 0
+
+
+def test_whitespace_anomalies_are_counted_as_defined():
+    """copy_defects' anomaly rate of random texts of blanks, newlines, letters and a non-ASCII
+    letter, against the definition read character by character: the first blank of a run of
+    2+ after a word, a blank at the end of a line, a newline after two (each text read as
+    the batch joins them: each ends a line)."""
+    from transforms.tokenize.copy_defects import MAX_ANOMALY_RATE, copy_defects
+    rng = random.Random(3)
+    texts = ["".join(rng.choice("  \t\n\naé") for _ in range(rng.randrange(1, 60))) for _ in range(500)]
+    joined = "".join(t + "\n" for t in texts)  # as the batch reads them: each text ends a line
+    expected, start = [], 0
+    for text in texts:
+        n = 0
+        for i in range(start, start + len(text) + 1):
+            c, before, after = joined[i], joined[i - 1] if i else None, joined[i + 1] if i + 1 < len(joined) else None
+            n += c in " \t" and after is not None and after in " \t" and before is not None and before not in " \t\n"
+            n += c in " \t" and after == "\n"
+            n += c == "\n" and i >= 2 and joined[i - 2:i] == "\n\n"
+        start += len(text) + 1
+        expected.append(min(n * 1024 // len(text.encode()), MAX_ANOMALY_RATE))
+    assert (copy_defects(BatchText.of(texts)) & 0xFF).tolist() == expected
 
 
 @pytest.mark.slow

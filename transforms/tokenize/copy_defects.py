@@ -15,100 +15,80 @@ once, and staged with its signature:
 Both are rates, in coarse steps, so that a copy with a few words edited has the defects of
 its original, and a longer text is not worse for being longer. ASCII letters are counted
 with numpy over the batch; the other texts' letters too, with a table of each code point's
-case (non_ascii_capitals).
+case bits (non_ascii_capitals, characters.py).
 """
 import numpy as np
 
-from transforms.tokenize.code_points import LazyCodePointTable
+from transforms.tokenize.characters import CASED, LOWER_CHANGES, LOWER_NOT_UPPER, RESIZES, UPPER, BatchText
 
 CAPITAL_LEVELS = 16
 MAX_ANOMALY_RATE = 255
 _SPACE, _TAB, _NEWLINE = 32, 9, 10
 
 
-def _per_document(positions: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """How many of the sorted `positions` fall in each document (documents end at `ends`)."""
-    return np.diff(np.searchsorted(positions, ends), prepend=0)
+def _counts(flags: np.ndarray, starts: np.ndarray, unit: int = 1) -> np.ndarray:
+    """How many of `flags` (bool, or uint8 holding `unit` or 0) are set in each span of them
+    (spans start at `starts`, none empty): one sum per span, in 32 bits where it cannot
+    overflow (np.add.reduceat: a third of a running sum's time, or of np.flatnonzero's)."""
+    dtype = np.int32 if flags.size * unit < 1 << 31 else np.int64
+    return np.add.reduceat(flags.view(np.uint8), starts, dtype=dtype).astype(np.int64) // unit
 
 
-# A code point's case (_case_counts): what non_ascii_capitals counts of it, in fields of
-# _FIELD bits, so that one sum over a text's code points counts all three at once.
-_FIELD = 21
-_FIELD_MASK = (1 << _FIELD) - 1
-_RESIZES, _LOWER_CHANGES, _LOWER_NOT_UPPER = 2 * _FIELD, _FIELD, 0  # (fields' shifts) fast counts
-_IS_UPPER, _IS_CASED = _FIELD, 0  # character by character
-
-
-def _case_counts(points: np.ndarray) -> np.ndarray:
-    """Each code point's two entries (int64): [0] the fast counts (whether its case changes
-    its length, whether str.lower() changes it, whether its lower() and upper() differ), [1]
-    str.isupper and (str.isupper or str.islower)."""
-    entries = np.zeros((points.size, 2), dtype=np.int64)
-    for i, c in enumerate(map(chr, points.tolist())):
-        upper, lower = c.upper(), c.lower()
-        entries[i, 0] = (((len(upper) != 1 or len(lower) != 1) << _RESIZES) | ((lower != c) << _LOWER_CHANGES)
-                         | ((lower != upper) << _LOWER_NOT_UPPER))
-        entries[i, 1] = (c.isupper() << _IS_UPPER) | ((c.isupper() or c.islower()) << _IS_CASED)
-    return entries
-
-
-_FAST = LazyCodePointTable(np.int64, lambda points: _case_counts(points)[:, 0], unknown=-1)
-_CHARACTER_BY_CHARACTER = LazyCodePointTable(np.int64, lambda points: _case_counts(points)[:, 1], unknown=-1)
-
-
-def non_ascii_capitals(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """(uppercase letters, cased letters) of each of `texts` (none empty), of any script, for
-    all at once: one lookup of each code point's counts, one sum per text. A text none of whose
-    letters changes length with its case counts the code points that str.lower() changes and
-    those whose lower() and upper() differ (code point by code point: lower()'s one context
-    rule, a final sigma, changes neither count); any other counts str.isupper and
-    str.islower code point by code point. (Text by text, copy_defects took 1.2 s per 28,000
-    documents of real text in 10 languages; so, 0.4 s.)"""
-    sizes = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
-    starts = np.cumsum(sizes) - sizes
-    points = np.frombuffer("".join(texts).encode("utf-32-le"), dtype="<u4")
-    wide = sizes.max() > _FIELD_MASK  # a text so long that a field of its sum could overflow
-    resizes, upper, cased = _field_sums(_FAST.values(points), starts, (_RESIZES, _LOWER_CHANGES, _LOWER_NOT_UPPER), wide)
-    resized = np.flatnonzero(resizes)
-    if resized.size:
-        inside = np.repeat(np.isin(np.arange(len(texts)), resized), sizes)
-        upper[resized], cased[resized] = _field_sums(_CHARACTER_BY_CHARACTER.values(points[inside]),
-                                                     np.cumsum(sizes[resized]) - sizes[resized],
-                                                     (_IS_UPPER, _IS_CASED), wide)
+def non_ascii_capitals(text: BatchText) -> tuple[np.ndarray, np.ndarray]:
+    """(uppercase letters, cased letters) of each of the batch's non-ASCII texts, of any
+    script, from their code points' case bits (characters.py), all texts at once. A text
+    none of whose letters changes length with its case counts the code points that
+    str.lower() changes and those whose lower() and upper() differ (code point by code
+    point: lower()'s one context rule, a final sigma, changes neither count); any other
+    counts str.isupper and str.islower code point by code point. (Text by text, copy_defects
+    took 1.2 s per 28,000 documents of real text in 10 languages.)"""
+    case = text.case_bytes()
+    starts = np.append(0, text.ends[:-1])
+    upper = _counts(case & np.uint8(LOWER_CHANGES), starts, LOWER_CHANGES)
+    cased = _counts(case & np.uint8(LOWER_NOT_UPPER), starts, LOWER_NOT_UPPER)
+    # RESIZES is bit 0: masked, the bytes are booleans (np.flatnonzero of bytes cost 3x).
+    resized = np.unique(text.spans_of(np.flatnonzero((case & np.uint8(RESIZES)).view(np.bool_))))
+    for j, start, end in zip(resized.tolist(), starts[resized].tolist(), text.ends[resized].tolist()):
+        upper[j] = np.count_nonzero(case[start:end] & np.uint8(UPPER))  # a few texts (a repeat over all cost 4x)
+        cased[j] = np.count_nonzero(case[start:end] & np.uint8(CASED))
     return upper, cased
 
 
-def _field_sums(entries: np.ndarray, starts: np.ndarray, shifts: tuple, wide: bool) -> list[np.ndarray]:
-    """Each field's sum over each run of `entries` (runs start at `starts`): one sum of the
-    packed entries, or (`wide`) one per field."""
-    if wide:
-        return [np.add.reduceat((entries >> shift) & _FIELD_MASK, starts) for shift in shifts]
-    sums = np.add.reduceat(entries, starts)
-    return [(sums >> shift) & _FIELD_MASK for shift in shifts]
+def _ascii_capitals(encoded: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
+    """(uppercase letters, cased letters) of each of the ASCII texts `encoded`."""
+    sizes = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded)) + 1
+    b = np.frombuffer(b"\n".join([*encoded, b""]), dtype=np.uint8)
+    starts = np.cumsum(sizes) - sizes
+    upper = _counts((b >= 65) & (b <= 90), starts)
+    return upper, upper + _counts((b >= 97) & (b <= 122), starts)
 
 
-def copy_defects(encoded: list[bytes]) -> np.ndarray:
-    """uint16 defects (capital level << 8 | whitespace anomaly rate) of each UTF-8 text."""
+def copy_defects(text: BatchText) -> np.ndarray:
+    """uint16 defects (capital level << 8 | whitespace anomaly rate) of each of the batch's texts."""
+    encoded = text.encoded
     if not encoded:
         return np.empty(0, dtype=np.uint16)
     sizes = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
-    ends = np.cumsum(sizes + 1)  # each text and the newline after it
+    starts = np.cumsum(sizes + 1) - (sizes + 1)  # each text and the newline after it
     b = np.frombuffer(b"\n".join([*encoded, b""]), dtype=np.uint8)
-    upper = _per_document(np.flatnonzero((b >= 65) & (b <= 90)), ends)
-    cased = upper + _per_document(np.flatnonzero((b >= 97) & (b <= 122)), ends)
-    others = [i for i, text in enumerate(encoded) if not text.isascii()]
-    if others:
-        upper[others], cased[others] = non_ascii_capitals([encoded[i].decode("utf-8") for i in others])
+    upper, cased = np.zeros(len(encoded), dtype=np.int64), np.zeros(len(encoded), dtype=np.int64)
+    ascii_ = np.ones(len(encoded), dtype=bool)
+    ascii_[text.others] = False
+    if ascii_.any():
+        upper[ascii_], cased[ascii_] = _ascii_capitals([e for e, a in zip(encoded, ascii_.tolist()) if a])
+    if text.others.size:
+        upper[text.others], cased[text.others] = non_ascii_capitals(text)
     capitals = np.minimum(CAPITAL_LEVELS * upper // np.maximum(cased, 1), CAPITAL_LEVELS - 1)
 
     blank = (b == _SPACE) | (b == _TAB)
     newline = b == _NEWLINE
-    after_text = np.concatenate([[False], ~(blank[:-1] | newline[:-1])])
-    inside = blank[:-1] & blank[1:] & after_text[:-1]  # the first blank of a run of 2+ after a word
-    trailing = blank[:-1] & newline[1:]
-    third = newline[2:] & newline[1:-1] & newline[:-2]
-    anomalies = (_per_document(np.flatnonzero(inside | trailing), ends)
-                 + _per_document(np.flatnonzero(third) + 2, ends))
-    # The newline joining two texts is no text's: a text's last blanks are at its end of line.
+    # Each anomaly at one byte: the first blank of a run of 2+ after a word, a blank before a
+    # newline, a newline after two. (The newline joining two texts is no text's: a text's
+    # last blanks are at its end of line.)
+    anomaly = np.zeros(b.size, dtype=bool)
+    anomaly[1:-1] = blank[1:-1] & blank[2:] & ~(blank[:-2] | newline[:-2])
+    anomaly[:-1] |= blank[:-1] & newline[1:]
+    anomaly[2:] |= newline[2:] & newline[1:-1] & newline[:-2]
+    anomalies = _counts(anomaly, starts)
     rate = np.minimum(anomalies * 1024 // np.maximum(sizes, 1), MAX_ANOMALY_RATE)
     return (capitals.astype(np.uint16) << np.uint16(8)) | rate.astype(np.uint16)

@@ -2,14 +2,9 @@
 between two documents estimates the Jaccard similarity of their shingle sets. Computed where
 the documents are tokenized, for a whole batch at once, and staged with the batch.
 
-Shingles. `words` (the default): n consecutive words of the text normalised (normalised_words):
-Unicode NFKC, then case folding (str.casefold: every script's case, ß -> ss), then NFKD with
-the combining marks dropped (accents: é -> e, ё -> е, й -> и), and a word is a run of word
-characters (letters, digits, `_`: Python's `\\w`); everything else (spaces, punctuation of any
-script) separates words, so a changed line break, a changed case or accent or an added comma
-changes no shingle. Numbers are not folded (a changed price or version is a change). ASCII
-texts (most) take a fast path that gives the same words: ASCII lowercased, the rest split. `tokens`: n consecutive token ids, which depend
-on the tokenizer (with `--tokenizer bytes` they are character n-grams). Documents with fewer
+Shingles. `words` (the default): n consecutive words of the text, each as a 32-bit hash
+(words.py says what a word is). `tokens`: n consecutive token ids, which depend on the
+tokenizer (with `--tokenizer bytes` they are character n-grams). Documents with fewer
 than n words (or tokens) have no shingle and no signature: only exact copies of them are
 found (docs/design.md has the measurements that chose words and n = 5).
 
@@ -34,12 +29,12 @@ Every step is integer arithmetic on fixed constants: the same bytes on any machi
 independent of --seed (so a run with a new seed reuses staged batches).
 """
 import functools
-import unicodedata
 from dataclasses import dataclass
 
 import numpy as np
 
-from transforms.tokenize.code_points import LazyCodePointTable
+from transforms.tokenize.characters import BatchText
+from transforms.tokenize.words import WORD_NORMALISATION, word_hashes
 
 WORDS, TOKENS = "words", "tokens"
 SHINGLES = (WORDS, TOKENS)
@@ -100,218 +95,6 @@ def _fmix32(h: np.ndarray, scratch: np.ndarray) -> np.ndarray:
 
 
 _BLOCK = 1 << 16  # n-grams hashed and binned at once: a few arrays of this size stay in cache
-_MIX64 = np.uint64(0x9E3779B97F4A7C15)
-
-
-
-def _word_byte_table() -> bytes:
-    """For bytes.translate: word bytes to themselves (ASCII letters lowercased), others to 0."""
-    table = bytearray(256)
-    for c in range(256):
-        if c >= 0x80 or chr(c).isalnum() or c == ord("_"):
-            table[c] = ord(chr(c).lower()) if c < 0x80 else c
-    return bytes(table)
-
-
-_WORD_BYTES = _word_byte_table()
-_FIRST_BYTES = np.array([(1 << (8 * n)) - 1 for n in range(8)] + [(1 << 64) - 1], dtype=np.uint64)
-
-
-WORD_NORMALISATION = "nfkc-casefold-nfkd-nomarks"  # staged with signatures: what a word is
-
-
-WORD, MARK, SEPARATOR = 0, 1, 2  # what a code point is to the words (kind_of)
-
-
-def kind_of(c: int) -> int:
-    """WORD (letters, digits, `_`: str.isalnum, Python's `\\w`), MARK (a combining mark,
-    categories Mn, Mc, Me: dropped) or SEPARATOR (everything else) for code point c. Planes 0
-    to 3 and 14 hold every character; planes 4 to 13 hold none yet and 15 to 16 are private
-    use: separators."""
-    if not (c < 0x40000 or 0xE0000 <= c < 0xE1000):
-        return SEPARATOR
-    ch = chr(c)
-    if ch.isalnum() or ch == "_":
-        return WORD
-    return MARK if unicodedata.category(ch).startswith("M") else SEPARATOR
-
-
-def _kinds(points: np.ndarray) -> np.ndarray:
-    return np.fromiter(map(kind_of, points.tolist()), dtype=np.uint8, count=points.size)
-
-
-KINDS = LazyCodePointTable(np.uint8, _kinds, unknown=255)  # kind_of each code point, as met
-
-
-def folded(text: str) -> str:
-    """NFKC, case folding, NFKD: a text's characters as words compare them."""
-    return unicodedata.normalize("NFKD", unicodedata.normalize("NFKC", text).casefold())
-
-
-@functools.lru_cache(maxsize=1)
-def _composes_backward() -> np.ndarray:
-    """bool per code point: may compose with the character before it in NFKC (the second of a
-    canonical decomposition's pair, or a Hangul vowel or trailing consonant jamo). Canonical
-    pairs all lie below U+20000 (those above are single ideographs)."""
-    table = np.zeros(0x110000, dtype=bool)
-    for c in range(0x20000):
-        parts = unicodedata.decomposition(chr(c)).split()
-        if len(parts) == 2 and not parts[0].startswith("<"):
-            table[int(parts[1], 16)] = True
-    table[0x1161:0x1176] = table[0x11A8:0x11C3] = True
-    return table
-
-
-_UNSAFE = -1  # a _FOLDED entry: a code point whose text is normalised as a whole
-
-
-def _folded_entries(points: np.ndarray) -> np.ndarray:
-    """_FOLDED's entries for `points`: _UNSAFE, or where the code point's words (folded, marks
-    dropped, separators made spaces) lie in _FOLD_POOL: offset << 8 | length."""
-    backward = _composes_backward()
-    entries = np.empty(points.size, dtype=np.int64)
-    for i, c in enumerate(points.tolist()):
-        ch = chr(c)
-        alone = unicodedata.normalize("NFKD", ch)
-        out = folded(ch)
-        # A text of such characters only is normalised as the concatenation of theirs: none
-        # composes with the one before it (so NFKC composes within each one's NFKD only), and
-        # each one's NFKD and folded form start with a starter (combining class 0), so no
-        # canonical reordering crosses from one character's into the next's. Case folding is
-        # code point by code point.
-        if (unicodedata.combining(ch) or backward[c] or unicodedata.combining(alone[0]) or backward[ord(alone[0])]
-                or unicodedata.combining(out[0])):
-            entries[i] = _UNSAFE
-            continue
-        words = [32 if kind == SEPARATOR else p for p, kind in ((ord(x), kind_of(ord(x))) for x in out)
-                 if kind != MARK]
-        entries[i] = len(_FOLD_POOL) << 8 | len(words)
-        _FOLD_POOL.extend(words)
-    return entries
-
-
-_FOLD_POOL: list[int] = []  # the code points of every _FOLDED entry's words, end to end
-_FOLDED = LazyCodePointTable(np.int64, _folded_entries, unknown=-2)
-_NOT_ONE = 0xFFFFFFFF  # a _FOLDED_ONE entry: not one word character or space for one code point
-
-
-def _folded_one(points: np.ndarray) -> np.ndarray:
-    entries = _FOLDED.values(points)
-    pool = np.array(_FOLD_POOL, dtype=np.uint32)
-    one = (entries != _UNSAFE) & (entries & 0xFF == 1)
-    if not one.any():
-        return np.full(points.size, _NOT_ONE, dtype=np.uint32)
-    return np.where(one, pool[np.where(one, entries >> 8, 0)], _NOT_ONE).astype(np.uint32)
-
-
-_FOLDED_ONE = LazyCodePointTable(np.uint32, _folded_one, unknown=0xFFFFFFFE)  # most code points: the one they become
-
-
-def _normalised_by_table(texts: list[str]) -> tuple[np.ndarray, list[str]]:
-    """(which of `texts` (none empty) were normalised, their words) from each code point's
-    own: the texts made only of code points whose words do not depend on their neighbours
-    (_folded_entries); the others are left to the Unicode calls. The same words as
-    normalised_words' whole-text definition, at a gather per code point (the C calls ran at
-    4-10 MB/s on real German, Russian and Japanese text: NFKC and NFKD normalise a text
-    whole as soon as one character is not in normal form). A text whose every code point
-    becomes one character (most: é becomes e, ё е, ｶ カ) is one gather; the others (ß
-    becomes ss, a mark nothing) gather each code point's run of characters."""
-    sizes = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
-    starts = np.cumsum(sizes) - sizes
-    points = np.frombuffer("".join(texts).encode("utf-32-le"), dtype="<u4")
-    one = _FOLDED_ONE.values(points)
-    not_one = one == _NOT_ONE
-    simple = np.add.reduceat(not_one.view(np.uint8), starts, dtype=np.int64) == 0
-    words: list[str | None] = [None] * len(texts)
-    if simple.any():
-        text = np.where(not_one, np.uint32(32), one).astype("<u4").tobytes().decode("utf-32-le")
-        for j, a, b in zip(np.flatnonzero(simple).tolist(), starts[simple].tolist(), (starts + sizes)[simple].tolist()):
-            words[j] = text[a:b]
-    rest = np.flatnonzero(~simple)
-    safe = simple.copy()
-    if rest.size:
-        entries = _FOLDED.values(points[np.repeat(~simple, sizes)])
-        sizes = sizes[rest]
-        starts = np.cumsum(sizes) - sizes
-        safe[rest] = np.minimum.reduceat(entries, starts) != _UNSAFE
-        lengths = np.where(entries == _UNSAFE, 0, entries & 0xFF)
-        total = int(lengths.sum())
-        at = np.repeat((entries >> 8) - (np.cumsum(lengths) - lengths), lengths) + np.arange(total)
-        text = np.array(_FOLD_POOL, dtype="<u4")[at].tobytes().decode("utf-32-le")
-        ends = np.cumsum(np.add.reduceat(lengths, starts))
-        for j, a, b in zip(rest.tolist(), np.append(0, ends[:-1]).tolist(), ends.tolist()):
-            if safe[j]:
-                words[j] = text[a:b]
-    return safe, [w for w in words if w is not None]
-
-
-def normalised_words(encoded: list[bytes]) -> list[bytes]:
-    """`encoded` (UTF-8 texts) normalised for words: NFKC, case folding, NFKD without combining
-    marks, every other non-word character a space. ASCII texts stay as they are: the word
-    byte table lowercases and splits them alike, much faster. Most others (all but those with
-    a combining mark or a character that composes with the one before it) are mapped code
-    point by code point (_normalised_by_table); the rest take the Unicode steps, C calls
-    per text, and the marks and separators go in one numpy pass over their code points (a
-    regex over them ran at 5 MB/s)."""
-    out = list(encoded)
-    others = [i for i, e in enumerate(encoded) if not e.isascii()]
-    if not others:
-        return out
-    texts = [encoded[i].decode("utf-8") for i in others]
-    safe, words = _normalised_by_table(texts)
-    for i, w in zip(np.asarray(others)[safe].tolist(), words):
-        out[i] = w.encode("utf-8")
-    others = np.asarray(others)[~safe].tolist()
-    if not others:
-        return out
-    folded_texts = [folded(texts[j]) for j in np.flatnonzero(~safe).tolist()]
-    sizes = np.fromiter(map(len, folded_texts), dtype=np.int64, count=len(folded_texts))
-    points = np.frombuffer("".join(folded_texts).encode("utf-32-le"), dtype="<u4")
-    kinds = KINDS.values(points)
-    kept = kinds != MARK
-    # Code points kept per text (a non-ASCII text has one or more, so no run of reduceat is empty).
-    kept_sizes = np.add.reduceat(kept.astype(np.int64), np.cumsum(sizes) - sizes)
-    words = np.where(kinds == SEPARATOR, np.uint32(32), points)[kept].astype("<u4")
-    text = words.tobytes().decode("utf-32-le")
-    ends = np.cumsum(kept_sizes)
-    for i, start, end in zip(others, (ends - kept_sizes).tolist(), ends.tolist()):
-        out[i] = text[start:end].encode("utf-8")
-    return out
-
-
-def word_hashes(encoded: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
-    """(uint32 hash of every word of the documents, in order; int64 words per document).
-
-    A word's hash covers its length and its first, middle and last 8 bytes: every byte of a
-    word up to 24 bytes long (all but a few of a text's words); longer runs (URLs, hashes)
-    that differ only elsewhere count as the same word."""
-    if not encoded:
-        return np.empty(0, np.uint32), np.empty(0, np.int64)
-    encoded = normalised_words(encoded)
-    # One buffer, documents separated by (and ending in) a byte that is not a word byte, so no
-    # word spans two; 8 more bytes for the 8-byte reads below. bytes.translate lowercases the
-    # word bytes and zeroes the others.
-    text = b"\n".join([b"", *encoded, bytes(8)]).translate(_WORD_BYTES)
-    mask = np.frombuffer(text, dtype=np.uint8) != 0
-    edges = np.flatnonzero(mask[1:] != mask[:-1]) + 1  # starts and ends of words, alternately
-    starts, lengths = edges[0::2], edges[1::2] - edges[0::2]
-    # Every byte position as the start of an (unaligned, little-endian) 8-byte value.
-    at = np.ndarray(shape=(len(text) - 7,), dtype="<u8", buffer=text, strides=(1,))
-    h = at[starts]
-    h &= _FIRST_BYTES[np.minimum(lengths, 8)]
-    with np.errstate(over="ignore"):
-        h *= _MIX64
-        h += lengths.astype(np.uint64)
-        # The last 8 bytes (overlapping the first) of words longer than 8, the middle 8 of
-        # those longer than 16: a few words, added in place.
-        long = np.flatnonzero(lengths > 8)
-        h[long] += at[starts[long] + lengths[long] - 8] * _MIX64
-        longer = long[lengths[long] > 16]
-        h[longer] += at[starts[longer] + (lengths[longer] - 8) // 2]
-        h *= _MIX64
-    doc_ends = np.cumsum(np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded)) + 1)
-    per_doc = np.diff(np.searchsorted(starts, doc_ends), prepend=0)
-    return (h >> np.uint64(32)).astype(np.uint32), per_doc
 
 
 def signatures(units: np.ndarray, per_doc: np.ndarray, n: int, k: int) -> np.ndarray:
@@ -419,13 +202,13 @@ def probe_order(k: int) -> tuple[np.ndarray, np.ndarray]:
     return order, rank
 
 
-def batch_signatures(settings: MinHashSettings, encoded: list[bytes] | None, ids: np.ndarray | None,
+def batch_signatures(settings: MinHashSettings, text: BatchText | None, ids: np.ndarray | None,
                      lengths: np.ndarray) -> np.ndarray:
-    """The signatures of a batch's documents: from their UTF-8 texts (`encoded`, words) or
-    their token ids (`ids`, documents end to end, `lengths` each). Row i is all EMPTY when
-    document i has fewer than shingle_size units (see signed)."""
+    """The signatures of a batch's documents: from their texts (`text`, words) or their token
+    ids (`ids`, documents end to end, `lengths` each). Row i is all EMPTY when document i has
+    fewer than shingle_size units (see signed)."""
     if settings.shingle == WORDS:
-        units, per_doc = word_hashes(encoded)
+        units, per_doc = word_hashes(text)
     else:
         units, per_doc = ids, lengths
     return signatures(units, per_doc, settings.shingle_size, settings.hashes)

@@ -9,7 +9,7 @@ and the kept texts of their clusters), only when the report is asked for:
 
 - `--near_shingle tokens`: the token ids are the units, as minhash.batch_signatures takes them;
 - `--near_shingle words`: the ids are decoded back to the text, and the text's words taken
-  as the signatures take them (minhash.word_hashes: the normalised words, each as its 32-bit
+  as the signatures take them (words.word_hashes: the normalised words, each as its 32-bit
   hash). The decoded text must have the document's content digest: a tokenizer that loses
   text (a lowercasing normalizer, unknown tokens, added special tokens) gives no set, and
   the report's `similarity` stays null for its rows.
@@ -24,8 +24,10 @@ import numpy as np
 
 from transforms import hashing
 from transforms.tokenize import minhash
+from transforms.tokenize.characters import BatchText
 from transforms.tokenize.dedup import digests_of
 from transforms.tokenize.tokenizer import load_decoder
+from transforms.tokenize.words import word_hashes
 
 
 @dataclass(frozen=True)
@@ -57,7 +59,7 @@ class ExactShingles:
         found = digests_of([encoded[i] for i in back.tolist()])
         same = np.all(found == digests[back], axis=1) if back.size else np.zeros(0, dtype=bool)
         texts = back[same]  # given back whole: their words are the signatures' words
-        units, per_doc = minhash.word_hashes([encoded[i] for i in texts.tolist()])
+        units, per_doc = word_hashes(BatchText([encoded[i] for i in texts.tolist()]))
         sets = shingle_sets(units, per_doc, self.settings.shingle_size)
         for i, one in zip(texts.tolist(), sets):
             out[i] = one

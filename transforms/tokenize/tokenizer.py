@@ -22,6 +22,7 @@ from transforms.progress import ProgressFile, show_document_lengths
 from transforms.read.inputs import PARQUET, absolute, format_of
 from transforms.records import DocumentBatch, TokenizedBatch, narrowest_ids
 from transforms.tokenize import backends, minhash
+from transforms.tokenize.characters import BatchText
 from transforms.tokenize.copy_defects import copy_defects
 from transforms.tokenize.dedup import content_digests, digests_of
 from transforms.write_behind import WriteBehind
@@ -239,10 +240,10 @@ def tokenize_batch(batch: DocumentBatch, encoder, info: TokenizerInfo, reference
     ids = narrowest_ids(ids, top)
     signatures = defects = None
     if near is not None:  # each kept text encoded once, for its digest, its words and its defects
-        encoded = [t.encode("utf-8") for t, k in zip(batch.texts, kept.tolist()) if k]
-        document_digests = digests_of(encoded)
-        signatures = minhash.batch_signatures(near, encoded, ids, lengths[kept])
-        defects = copy_defects(encoded)
+        text = BatchText.of([t for t, k in zip(batch.texts, kept.tolist()) if k])
+        document_digests = digests_of(text.encoded)
+        signatures = minhash.batch_signatures(near, text, ids, lengths[kept])
+        defects = copy_defects(text)
     elif digests:
         document_digests = content_digests([t for t, k in zip(batch.texts, kept.tolist()) if k])
     else:
