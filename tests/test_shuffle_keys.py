@@ -178,3 +178,18 @@ def test_a_shard_of_long_documents_sorts_to_the_same_tokens_however_it_is_gather
     chunk = 1000  # as the writer reads it: chunk by chunk
     assert np.array_equal(np.concatenate([np.asarray(shard.tokens[i:i + chunk])
                                           for i in range(0, shard.tokens.size, chunk)]), want)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 5)), unique=True, max_size=30), st.data())
+def test_rows_of_finds_each_digest_in_any_order_even_when_first_halves_collide(table, data):
+    """rows_of against a dictionary: digests drawn from a tiny range, so many share their
+    first 64 bits; the table in digest order or shuffled; digests wanted present or absent."""
+    digests = np.array(table, dtype=np.uint64).reshape(-1, 2)
+    if data.draw(st.booleans()):
+        digests = digests[np.lexsort((digests[:, 1], digests[:, 0]))]
+    wanted = np.array(data.draw(st.lists(st.tuples(st.integers(0, 4), st.integers(0, 6)), max_size=40)),
+                      dtype=np.uint64).reshape(-1, 2)
+    where = {tuple(row): i for i, row in enumerate(digests.tolist())}
+    assert hashing.rows_of(digests, wanted).tolist() == [where.get(tuple(w), -1) for w in wanted.tolist()]
+

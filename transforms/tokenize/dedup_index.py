@@ -129,16 +129,10 @@ def held_earlier(digests: np.ndarray, earlier: list[EarlierTexts]) -> np.ndarray
     held = np.full(digests.shape[0], -1, dtype=np.int64)
     if not earlier or not digests.shape[0]:
         return held
-    mine = _rows(digests)
     for texts in sorted(earlier, key=lambda t: t.dataset):
-        if texts.digests.shape[0]:
-            found = np.isin(mine, _rows(texts.digests)) & (held < 0)
-            held[found] = texts.dataset
+        found = (hashing.rows_of(texts.digests, digests) >= 0) & (held < 0)
+        held[found] = texts.dataset
     return held
-
-
-def _rows(digests: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(digests.astype("<u8")).view([("hi", "<u8"), ("lo", "<u8")]).ravel()
 
 
 class WriteIndexShard(beam.DoFn):

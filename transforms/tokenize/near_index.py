@@ -114,14 +114,10 @@ class NearKeys:
         (no signature)."""
         keys = np.zeros((digests.shape[0], NEAR_BANDS), dtype=np.uint32)
         sketches = np.zeros((digests.shape[0], SKETCH_BYTES), dtype=np.uint8)
-        if self.digests.shape[0] and digests.shape[0]:
-            mine = _rows(self.digests)
-            order = np.argsort(mine)
-            wanted = _rows(digests)
-            at = np.minimum(np.searchsorted(mine[order], wanted), order.size - 1)
-            found = mine[order][at] == wanted
-            keys[found] = self.keys[order[at[found]]]
-            sketches[found] = self.sketches[order[at[found]]]
+        row = hashing.rows_of(self.digests, digests)
+        found = row >= 0
+        keys[found] = self.keys[row[found]]
+        sketches[found] = self.sketches[row[found]]
         return keys, sketches
 
     @staticmethod
@@ -173,10 +169,6 @@ class HeldNear:
 
 for _record in (NearKeys, BandEntries, HeldNear):
     beam.coders.registry.register_coder(_record, RecordCoder)
-
-
-def _rows(digests: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(digests.astype("<u8")).view([("hi", "<u8"), ("lo", "<u8")]).ravel()
 
 
 def band_entries(keys, ids, digests, sketches, datasets, num_shards: int):
