@@ -4,7 +4,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from transforms import hashing
-from transforms.segments import gather_segments, take_documents
+from transforms.segments import gather_segments, groups_of, take_documents
 
 
 def test_hashes_depend_on_seed_file_and_offset_only():
@@ -193,3 +193,15 @@ def test_rows_of_finds_each_digest_in_any_order_even_when_first_halves_collide(t
     where = {tuple(row): i for i, row in enumerate(digests.tolist())}
     assert hashing.rows_of(digests, wanted).tolist() == [where.get(tuple(w), -1) for w in wanted.tolist()]
 
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(-3, 70_000), max_size=60), st.sampled_from([np.int64, np.uint32, np.int32]))
+def test_groups_of_gives_each_keys_indices_in_order(keys, dtype):
+    """Keys of 16 bits (sorted by radix) and wider or negative ones: each distinct key once,
+    in increasing order, with the indices of its elements in their original order."""
+    keys = np.array([k for k in keys if dtype != np.uint32 or k >= 0], dtype=dtype)
+    expected = {}
+    for i, k in enumerate(keys.tolist()):
+        expected.setdefault(k, []).append(i)
+    got = [(int(k), members.tolist()) for k, members in groups_of(keys)]
+    assert got == sorted(expected.items())
