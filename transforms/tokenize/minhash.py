@@ -151,7 +151,9 @@ def densified(signatures_: np.ndarray) -> np.ndarray:
     # empty are carried to the next try, so a try costs what is left, not whole rows (trying
     # whole rows at a time cost 0.69 s per 30,000 short documents, 5x this). Rows are taken
     # _DENSIFY_ROWS at a time: the positions of a block's empty bins fit 32 bits.
-    looks_at = np.ascontiguousarray(order.T[:_ROW_TRIES], dtype=np.int32)  # [try, bin]: the bin it looks at
+    # [try, bin]: from the bin to the one it looks at (a step added to its position)
+    steps = np.ascontiguousarray(order.T[:_ROW_TRIES], dtype=np.int32) - np.arange(k, dtype=np.int32)
+    power_of_two = k & (k - 1) == 0  # the bin of a position is then a mask of it, not a division
     left = []
     for lo in range(0, out.shape[0], _DENSIFY_ROWS):
         block, own = out[lo:lo + _DENSIFY_ROWS], signatures_[lo:lo + _DENSIFY_ROWS]
@@ -159,11 +161,10 @@ def densified(signatures_: np.ndarray) -> np.ndarray:
         empty &= ~empty.all(axis=1, keepdims=True)  # rows with no filled bin stay empty
         at = np.flatnonzero(empty).astype(np.int32)  # row * k + bin
         flat_own, flat_out = own.reshape(-1), block.reshape(-1)
-        for attempt in range(looks_at.shape[0]):
+        for attempt in range(steps.shape[0]):
             if at.size == 0:
                 break
-            bins = at % k
-            donor = flat_own[at - bins + looks_at[attempt][bins]]
+            donor = flat_own[at + steps[attempt][at & np.int32(k - 1) if power_of_two else at % k]]
             flat_out[at] = donor  # an empty donor leaves the bin empty
             at = at[donor == EMPTY]
         left.append(np.unique(at // k).astype(np.int64) + lo)

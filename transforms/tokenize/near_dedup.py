@@ -227,7 +227,7 @@ def candidate_pairs(keyed_parts):
     _, parts = keyed_parts
     parts = list(parts)
     hashes = np.concatenate([p.hashes for p in parts])
-    order = np.argsort(hashes, kind="stable")
+    order = np.argsort(hashes)  # not stable (2x faster): the order within a run is set below, by value
     hashes = hashes[order]
     nodes = np.concatenate([p.nodes for p in parts])[order]
     starts = _run_starts(hashes)
