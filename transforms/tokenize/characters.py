@@ -34,7 +34,7 @@ LENGTH_SHIFT = VALUE_BITS
 WHOLE = 7  # a LENGTH: the text is normalised whole
 CASE_SHIFT = 24
 RESIZES, LOWER_CHANGES, LOWER_NOT_UPPER, UPPER, CASED = (1 << i for i in range(5))  # case bits, from CASE_SHIFT
-assert CASE_SHIFT % 8 == 0 and RESIZES == 1  # BatchText.case_bytes, copy_defects.non_ascii_capitals
+assert CASE_SHIFT % 8 == 0 and RESIZES == 1 and LENGTH_SHIFT % 8 == 5  # BatchText's byte views; non_ascii_capitals
 _UNKNOWN = 0xFFFFFFFF  # no entry has bits 29-31 set
 
 WORD, MARK, SEPARATOR = 0, 1, 2  # what a code point is to the words (kind_of)
@@ -150,6 +150,11 @@ class BatchText:
     @classmethod
     def of(cls, texts: list[str]) -> "BatchText":
         return cls([t.encode("utf-8") for t in texts], texts)
+
+    def word_lengths(self) -> np.ndarray:
+        """uint8: each code point's LENGTH (the top 3 bits of the entries' third bytes: one
+        pass over bytes, not two over the uint32 entries)."""
+        return self.entries.astype("<u4", copy=False).view(np.uint8)[LENGTH_SHIFT // 8::4] >> (LENGTH_SHIFT % 8)
 
     def case_bytes(self) -> np.ndarray:
         """uint8: each code point's case bits (the entries' high bytes, copied out: the passes

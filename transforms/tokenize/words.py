@@ -25,8 +25,7 @@ import codecs
 
 import numpy as np
 
-from transforms.tokenize.characters import (KINDS, LENGTH_SHIFT, MARK, NEWLINE, SEPARATOR, VALUE_MASK, WHOLE,
-                                            BatchText, folded, pool)
+from transforms.tokenize.characters import KINDS, MARK, NEWLINE, SEPARATOR, VALUE_MASK, WHOLE, BatchText, folded, pool
 
 WORD_NORMALISATION = "nfkc-casefold-nfkd-nomarks"  # staged with signatures: what a word is
 
@@ -62,9 +61,8 @@ def _normalised_others(text: BatchText) -> list[bytes]:
     ending the texts, kept through, split the UTF-8 of the whole into texts."""
     if not text.texts:
         return []
-    entries = text.entries
-    lengths = (entries >> LENGTH_SHIFT) & 7
-    chars = entries & VALUE_MASK
+    lengths = text.word_lengths()
+    chars = text.entries & VALUE_MASK
     irregular = np.flatnonzero(lengths != 1)
     newlines = text.ends - 1
     if irregular.size:
