@@ -12,7 +12,7 @@ import json
 import random
 import re
 import unicodedata
-from collections import Counter, defaultdict
+from collections import Counter, defaultdict, deque
 from itertools import combinations
 
 import numpy as np
@@ -296,6 +296,44 @@ def test_a_killed_run_resumes_to_the_same_bytes(planted, tmp_path, moment):
 
 # ---------------------------------------------------------------------------------------------
 # the parts, without a runner
+
+@pytest.mark.parametrize("shingle", [minhash.WORDS, minhash.TOKENS])
+def test_the_feature_memo_gives_what_computing_gives_whatever_it_holds(shingle):
+    """Batches that repeat texts (within a batch and across batches), through a memo small
+    enough to drop texts between their copies: every batch's signatures and defects are
+    those computed without it, and a text met again while held is not computed again."""
+    from transforms.tokenize import near_features
+    from transforms.tokenize.dedup import digests_of
+    rng = random.Random(11)
+    pool = [t for t in tricky_texts(60, 5) + [RUSSIAN, RUSSIAN.upper()] + MULTILINGUAL if t.strip()]
+    settings = minhash.MinHashSettings(shingle=shingle)
+    memo = near_features.FeatureMemo(settings, capacity=16)
+    computed = []
+    real = near_features.computed
+
+    def counting(settings_, texts, *rest):
+        computed.extend(texts)
+        return real(settings_, texts, *rest)
+
+    near_features.computed = counting
+    held = deque(maxlen=memo.capacity)  # the texts the memo holds, oldest first
+    try:
+        for _ in range(12):
+            texts = [rng.choice(pool) for _ in range(rng.randrange(1, 30))]
+            encoded = [t.encode() for t in texts]
+            ids = [np.frombuffer(e, dtype=np.uint8).astype(np.uint32) for e in encoded]  # a byte tokenizer's ids
+            lengths = np.array([i.size for i in ids], dtype=np.int64)
+            args = (settings, texts, encoded, digests_of(encoded), np.concatenate(ids), lengths)
+            new = [t for t in dict.fromkeys(texts) if t not in held]
+            before = len(computed)
+            with_memo = near_features.batch_features(*args, memo=memo)
+            assert computed[before:] == new
+            without = near_features.batch_features(*args)
+            assert all(np.array_equal(a, b) for a, b in zip(with_memo, without))
+            held.extend(new)
+    finally:
+        near_features.computed = real
+
 
 def test_signatures_estimate_jaccard_within_their_standard_deviation():
     rng = random.Random(1)

@@ -16,15 +16,15 @@ from dataclasses import dataclass
 import apache_beam as beam
 import fsspec
 import numpy as np
+from apache_beam.utils import shared
 
 from flat_tokens.format import storage_faults
 from transforms.progress import ProgressFile, show_document_lengths
 from transforms.read.inputs import PARQUET, absolute, format_of
 from transforms.records import DocumentBatch, TokenizedBatch, narrowest_ids
 from transforms.tokenize import backends, minhash
-from transforms.tokenize.characters import BatchText
-from transforms.tokenize.copy_defects import copy_defects
 from transforms.tokenize.dedup import content_digests, digests_of
+from transforms.tokenize.near_features import FeatureMemo, batch_features
 from transforms.write_behind import WriteBehind
 
 BYTES = "bytes"
@@ -223,12 +223,14 @@ def sample_check(batch: DocumentBatch, ids: np.ndarray, lengths: np.ndarray, enc
 
 
 def tokenize_batch(batch: DocumentBatch, encoder, info: TokenizerInfo, reference=None,
-                   digests: bool = False, checks=None, near: minhash.MinHashSettings | None = None) -> TokenizedBatch:
+                   digests: bool = False, checks=None, near: minhash.MinHashSettings | None = None,
+                   memo: FeatureMemo | None = None) -> TokenizedBatch:
     """Tokenizes a batch; documents that tokenize to nothing are dropped and counted. With
     `digests` (--dedup exact), each kept document's content digest comes along; with `near`
-    (--dedup near), its digest and its MinHash signature. With a `reference`, the batch's
-    guard sample is compared with it: here, or given `checks` (a function taking the
-    comparison), wherever that runs it."""
+    (--dedup near), its digest, its MinHash signature and its copy defects (those of the
+    texts `memo` holds taken from it). With a `reference`, the batch's guard sample is
+    compared with it: here, or given `checks` (a function taking the comparison), wherever
+    that runs it."""
     ids, lengths = encoder(batch.texts)
     if reference is not None:
         compare = sample_check(batch, ids, lengths, encoder, reference, info)
@@ -240,10 +242,10 @@ def tokenize_batch(batch: DocumentBatch, encoder, info: TokenizerInfo, reference
     ids = narrowest_ids(ids, top)
     signatures = defects = None
     if near is not None:  # each kept text encoded once, for its digest, its words and its defects
-        text = BatchText.of([t for t, k in zip(batch.texts, kept.tolist()) if k])
-        document_digests = digests_of(text.encoded)
-        signatures = minhash.batch_signatures(near, text, ids, lengths[kept])
-        defects = copy_defects(text)
+        texts = [t for t, k in zip(batch.texts, kept.tolist()) if k]
+        encoded = [t.encode("utf-8") for t in texts]
+        document_digests = digests_of(encoded)
+        signatures, defects = batch_features(near, texts, encoded, document_digests, ids, lengths[kept], memo)
     elif digests:
         document_digests = content_digests([t for t, k in zip(batch.texts, kept.tolist()) if k])
     else:
@@ -278,11 +280,14 @@ class TokenizeBatches(beam.DoFn):
         self._near = near
         self._storage_options = storage_options
         self._progress_dir = progress_dir
-        self._encoder = self._reference = self._progress = self._checker = None
+        self._encoder = self._reference = self._progress = self._checker = self._memo = None
         self._checking = None  # the guard comparison in flight (a Future)
+        self._shared_memo = shared.Shared() if near is not None else None  # one per process: near_features.py
 
     def setup(self):
         self._encoder, self._reference = load_encoders(self._info, self._storage_options)
+        if self._shared_memo is not None:
+            self._memo = self._shared_memo.acquire(lambda: FeatureMemo(self._near), tag=repr(self._near))
         self._progress = ProgressFile(self._progress_dir)
         if self._reference is not None:
             self._checker = WriteBehind("flat-tokens-guard")
@@ -294,7 +299,7 @@ class TokenizeBatches(beam.DoFn):
 
     def process(self, batch: DocumentBatch):
         tokenized = tokenize_batch(batch, self._encoder, self._info, self._reference, self._digests, self._check,
-                                   self._near)
+                                   self._near, self._memo)
         self._progress.add(tokens=int(tokenized.ids.size))
         show_document_lengths(tokenized.lengths, tokenized.empty)
         yield tokenized
