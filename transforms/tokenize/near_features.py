@@ -14,6 +14,7 @@ import threading
 
 import numpy as np
 
+from transforms.segments import gather_segments
 from transforms.tokenize import minhash
 from transforms.tokenize.characters import BatchText
 from transforms.tokenize.copy_defects import copy_defects
@@ -87,10 +88,7 @@ def batch_features(settings: minhash.MinHashSettings, texts: list[str], encoded:
         for i in missing.tolist():
             first_of.setdefault(keys[i], i)
         new = np.fromiter(first_of.values(), dtype=np.int64, count=len(first_of))
-        new_ids = ids
-        if settings.shingle == minhash.TOKENS:
-            starts = np.cumsum(lengths) - lengths
-            new_ids = np.concatenate([ids[starts[i]:starts[i] + lengths[i]] for i in new.tolist()] or [ids[:0]])
+        new_ids = gather_segments(ids, lengths, new) if settings.shingle == minhash.TOKENS else ids
         new_signatures, new_defects = computed(settings, [texts[i] for i in new.tolist()],
                                                [encoded[i] for i in new.tolist()], new_ids, lengths[new])
         row_of = {key: row for row, key in enumerate(first_of)}

@@ -241,13 +241,13 @@ def tokenize_batch(batch: DocumentBatch, encoder, info: TokenizerInfo, reference
     kept = lengths > 0
     ids = narrowest_ids(ids, top)
     signatures = defects = None
+    texts = [t for t, k in zip(batch.texts, kept.tolist()) if k] if near is not None or digests else None
     if near is not None:  # each kept text encoded once, for its digest, its words and its defects
-        texts = [t for t, k in zip(batch.texts, kept.tolist()) if k]
         encoded = [t.encode("utf-8") for t in texts]
         document_digests = digests_of(encoded)
         signatures, defects = batch_features(near, texts, encoded, document_digests, ids, lengths[kept], memo)
     elif digests:
-        document_digests = content_digests([t for t, k in zip(batch.texts, kept.tolist()) if k])
+        document_digests = content_digests(texts)
     else:
         document_digests = None
     return TokenizedBatch(
