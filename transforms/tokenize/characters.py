@@ -9,7 +9,8 @@ same str and unicodedata calls as the definitions (code_points.py):
     bits  0-20  VALUE    the code point it becomes in words (LENGTH 1), or where its
                          characters start in POOL (LENGTH 2 to 6)
     bits 21-23  LENGTH   how many characters it becomes in words: 0 (a combining mark), 1,
-                         2 to 6 (ß: ss, …: three spaces, a Hangul syllable: its jamo); WHOLE
+                         2 to 6 (ß: ss, ½: 1, a space and 2, a Hangul syllable: its jamo;
+                         one of separators only, …, is one space); WHOLE
                          (7): its text is normalised whole, by the Unicode calls (a
                          character that interacts with its neighbours, or becomes more)
     bits 24-28  its case (copy_defects): RESIZES (str.upper() or str.lower() changes its
@@ -39,6 +40,7 @@ _UNKNOWN = 0xFFFFFFFF  # no entry has bits 29-31 set
 
 WORD, MARK, SEPARATOR = 0, 1, 2  # what a code point is to the words (kind_of)
 NEWLINE = 10  # ends each text in a BatchText's code points, and in its normalised words
+DELETED = 1  # a mark's character in words.py's pass, dropped from its UTF-8 (U+0001 is a separator: 32)
 
 
 def kind_of(c: int) -> int:
@@ -99,6 +101,8 @@ def _words_entry(c: int, backward: np.ndarray) -> int:
     words = [32 if kind == SEPARATOR else p for p, kind in ((ord(x), kind_of(ord(x))) for x in out) if kind != MARK]
     if not words:
         return 0
+    if set(words) == {32}:
+        return 32 | 1 << LENGTH_SHIFT  # separators only (…): as a word splits, one is as good as three
     if len(words) == 1:
         return words[0] | 1 << LENGTH_SHIFT
     if len(words) >= WHOLE or len(POOL) + len(words) > VALUE_MASK:
