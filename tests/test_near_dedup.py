@@ -335,6 +335,62 @@ def test_the_feature_memo_gives_what_computing_gives_whatever_it_holds(shingle):
         near_features.computed = real
 
 
+def _features_args(settings, texts):
+    from transforms.tokenize.dedup import digests_of
+    encoded = [t.encode() for t in texts]
+    ids = [np.frombuffer(e, dtype=np.uint8).astype(np.uint32) for e in encoded]  # a byte tokenizer's ids
+    return (settings, texts, encoded, digests_of(encoded), np.concatenate(ids),
+            np.array([i.size for i in ids], dtype=np.int64))
+
+
+def _put_features(path, texts):
+    """In another process: compute the texts' features through a shared memo at `path`."""
+    from transforms.tokenize import near_features
+    settings = minhash.MinHashSettings()
+    near_features.batch_features(*_features_args(settings, texts), memo=near_features.SharedFeatureMemo(settings, path))
+
+
+def test_worker_processes_share_their_near_features_and_a_torn_row_is_a_miss(tmp_path):
+    """What one process computed, another finds in the shared memo (the same features as
+    computing them); a row whose bytes changed after its write (a torn write, a crash) is not
+    found, wherever the change is, and its text is computed again."""
+    import multiprocessing
+
+    from transforms.tokenize import near_features
+    path = str(tmp_path / "near-features.bin")
+    texts = [t for t in dict.fromkeys(tricky_texts(40, 9) + [RUSSIAN] + MULTILINGUAL) if t.strip()]
+    settings = minhash.MinHashSettings()
+    writer = multiprocessing.get_context("spawn").Process(target=_put_features, args=(path, texts))
+    writer.start()
+    writer.join(60)
+    assert writer.exitcode == 0
+    memo = near_features.SharedFeatureMemo(settings, path)
+    keys = [d.tobytes() for d in np.ascontiguousarray(_features_args(settings, texts)[3], dtype="<u8")]
+    found, signatures, defects = memo.get(keys)
+    expected = near_features.computed(*_features_args(settings, texts)[:3], None, None)
+    assert found.all() and np.array_equal(signatures, expected[0]) and np.array_equal(defects, expected[1])
+    # Change one byte of some texts' rows, each at another place in the row.
+    table = np.memmap(path, dtype=np.uint8, mode="r+")
+    row_bytes = memo._row.itemsize
+    slots = [memo._sets_of(np.frombuffer(k, dtype="<u8")[None])[0] for k in keys]
+    torn = list(range(0, len(keys), 3))
+    for n, i in enumerate(torn):
+        row = next(r for r in slots[i].tolist() if bytes(table[r * row_bytes:r * row_bytes + 16]) == keys[i])
+        table[row * row_bytes + (n * 37) % row_bytes] ^= 0x10
+    table.flush()
+    found, _, _ = memo.get(keys)
+    assert not found[torn].any() and found[[i for i in range(len(keys)) if i not in torn]].all()
+    computed = []
+    real = near_features.computed
+    near_features.computed = lambda s, t, *rest: computed.extend(t) or real(s, t, *rest)
+    try:
+        with_memo = near_features.batch_features(*_features_args(settings, texts), memo=memo)
+    finally:
+        near_features.computed = real
+    assert computed == [texts[i] for i in torn]
+    assert all(np.array_equal(a, b) for a, b in zip(with_memo, expected))
+
+
 def test_signatures_estimate_jaccard_within_their_standard_deviation():
     rng = random.Random(1)
     texts = [json.loads(line)["text"] for line in open(SAMPLE / "corpus-1.jsonl", encoding="utf-8")]

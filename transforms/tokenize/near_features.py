@@ -9,7 +9,15 @@ last texts' features by content digest (FeatureMemo) and a copy costs its digest
 lookup; nothing the job writes depends on what the memo held. The memo is one per
 process, shared by its threads (apache_beam.utils.shared), and bounded: MEMO_BYTES of
 signatures, the oldest dropped first.
+
+On local runs the worker processes of a machine share one memo instead (SharedFeatureMemo):
+a file of rows in the run's spill directory, mapped by every process, so a text costs one
+computation a machine, not one a process (with two processes, the 5x benchmark corpus
+computed 40% of its documents' features with a memo per process). Processes write rows
+without locks; a row holds a check of its key and features, and a row whose check fails (a
+write torn by another, a crash) is a miss, never a hit.
 """
+import os
 import threading
 
 import numpy as np
@@ -20,6 +28,8 @@ from transforms.tokenize.characters import BatchText
 from transforms.tokenize.copy_defects import copy_defects
 
 MEMO_BYTES = 32 << 20  # 65,536 texts' signatures at the default 256 bins
+SHARED_MEMO_BYTES = 64 << 20  # the shared memo's file: 123,361 rows at the default 256 bins
+WAYS = 4  # the rows a text may be in (a set): a new text takes one of its set's empty rows first
 
 
 class FeatureMemo:
@@ -45,19 +55,99 @@ class FeatureMemo:
             return found, self._signatures[slots[found]], self._defects[slots[found]]
 
     def put(self, keys: list[bytes], signatures: np.ndarray, defects: np.ndarray) -> None:
+        """Hold the features of texts `keys` (distinct), evicting the oldest held."""
         with self._lock:
-            for key, signature, defect in zip(keys, signatures, defects.tolist()):
-                if key in self._slot_of:
-                    continue
-                slot = self._next
-                self._next = (slot + 1) % self.capacity
+            new = [i for i, key in enumerate(keys) if key not in self._slot_of][-self.capacity:]
+            if not new:
+                return
+            slots = (self._next + np.arange(len(new))) % self.capacity
+            self._next = int(slots[-1] + 1) % self.capacity
+            for slot in slots.tolist():
                 old = self._key_in[slot]
                 if old is not None:
                     del self._slot_of[old]
+            held = [keys[i] for i in new]
+            for slot, key in zip(slots.tolist(), held):
                 self._key_in[slot] = key
-                self._slot_of[key] = slot
-                self._signatures[slot] = signature
-                self._defects[slot] = defect
+            self._slot_of.update(zip(held, slots.tolist()))
+            self._signatures[slots] = signatures[new]
+            self._defects[slots] = defects[new]
+
+
+_CHECK_SALT = np.uint64(0x5851F42D4C957F2D)  # an all-zero row (never written) fails its check
+
+
+def _words_mix(n: int) -> np.ndarray:
+    """n fixed odd 64-bit multipliers, one per 64-bit word of a row (SplitMix64 of 1, 2, ...)."""
+    x = (np.arange(1, n + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15))
+    with np.errstate(over="ignore"):
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return (x ^ (x >> np.uint64(31))) | np.uint64(1)
+
+
+class SharedFeatureMemo:
+    """Texts' features by content digest, in a file that every worker process of a machine
+    maps (`path`, in the run's spill directory): sets of WAYS rows, a text's set chosen by
+    its digest. A row is (digest, check, defects, signature); its check is a 64-bit mix of
+    every other word of the row, so a row torn by two writers, or half written, is not
+    found. Writers take no lock: the worst a race does is lose a row."""
+
+    def __init__(self, settings: minhash.MinHashSettings, path: str, size: int = SHARED_MEMO_BYTES):
+        self.settings = settings
+        pad = 3 + (-settings.hashes) % 4  # rows of whole 64-bit words
+        self._row = np.dtype([("key", "<u8", (2,)), ("check", "<u8"), ("defects", "<u2"), ("pad", "<u2", (pad,)),
+                              ("signature", "<u2", (settings.hashes,))])
+        self._sets = max(1, size // (self._row.itemsize * WAYS))
+        rows = self._sets * WAYS
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            if os.fstat(fd).st_size < rows * self._row.itemsize:
+                os.ftruncate(fd, rows * self._row.itemsize)  # every process asks the same size
+        finally:
+            os.close(fd)
+        self._table = np.memmap(path, dtype=self._row, mode="r+", shape=(rows,))
+        self._mix = _words_mix(self._row.itemsize // 8)
+        self._mix[2] = 0  # the check's own word
+
+    def _checks(self, rows: np.ndarray) -> np.ndarray:
+        words = rows.view("<u8").reshape(rows.size, self._mix.size)
+        with np.errstate(over="ignore"):
+            h = (words * self._mix).sum(axis=1, dtype=np.uint64) + _CHECK_SALT
+            h ^= h >> np.uint64(33)
+            h *= np.uint64(0xFF51AFD7ED558CCD)
+            h ^= h >> np.uint64(33)
+        return h
+
+    def _sets_of(self, keys: np.ndarray) -> np.ndarray:
+        """(n, WAYS) rows of each key's set."""
+        first = (keys[:, 0] % np.uint64(self._sets)).astype(np.int64) * WAYS
+        return first[:, None] + np.arange(WAYS)
+
+    def get(self, keys: list[bytes]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(found: bool per key, their signatures, their defects)."""
+        digests = np.frombuffer(b"".join(keys), dtype="<u8").reshape(-1, 2)
+        candidates = self._sets_of(digests)
+        same = (self._table["key"][candidates] == digests[:, None, :]).all(axis=2)
+        found = same.any(axis=1)
+        rows = self._table[candidates[found, same[found].argmax(axis=1)]]
+        intact = (self._checks(rows) == rows["check"]) & (rows["key"] == digests[found]).all(axis=1)
+        found[found] = intact
+        return found, rows["signature"][intact], rows["defects"][intact]
+
+    def put(self, keys: list[bytes], signatures: np.ndarray, defects: np.ndarray) -> None:
+        """Hold the features of texts `keys` (distinct): each in an empty row of its set, or
+        (none empty) in the row its digest picks."""
+        if not keys:
+            return
+        digests = np.frombuffer(b"".join(keys), dtype="<u8").reshape(-1, 2)
+        candidates = self._sets_of(digests)
+        empty = self._table["check"][candidates] == 0
+        way = np.where(empty.any(axis=1), empty.argmax(axis=1), (digests[:, 1] % np.uint64(WAYS)).astype(np.int64))
+        rows = np.zeros(len(keys), dtype=self._row)
+        rows["key"], rows["defects"], rows["signature"] = digests, defects, signatures
+        rows["check"] = self._checks(rows)
+        self._table[candidates[np.arange(len(keys)), way]] = rows
 
 
 def computed(settings: minhash.MinHashSettings, texts: list[str], encoded: list[bytes], ids: np.ndarray,

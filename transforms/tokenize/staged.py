@@ -36,8 +36,8 @@ class TokenizeAndStage(TokenizeBatches):
     documents are staged only once the write has landed."""
 
     def __init__(self, info, area, storage_options: dict | None = None, progress_dir: str | None = None,
-                 digests: bool = False, near=None):
-        super().__init__(info, storage_options, progress_dir, digests, near)
+                 digests: bool = False, near=None, memo_dir: str | None = None):
+        super().__init__(info, storage_options, progress_dir, digests, near, memo_dir)
         self._area = area  # transforms.staging.StagingArea
         # (unit, place, the batch's documents, its ids' write, its comparison or None): documents not staged yet
         self._unchecked = deque()

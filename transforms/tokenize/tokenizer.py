@@ -7,7 +7,9 @@ worker starts); workers load the same bytes again and check their sha256, so a t
 file replaced during a run fails the job instead of mixing two tokenizers.
 """
 import hashlib
+import json
 import logging
+import os
 import socket
 import urllib.parse
 import urllib.request
@@ -24,7 +26,7 @@ from transforms.read.inputs import PARQUET, absolute, format_of
 from transforms.records import DocumentBatch, TokenizedBatch, narrowest_ids
 from transforms.tokenize import backends, minhash
 from transforms.tokenize.dedup import content_digests, digests_of
-from transforms.tokenize.near_features import FeatureMemo, batch_features
+from transforms.tokenize.near_features import FeatureMemo, SharedFeatureMemo, batch_features
 from transforms.write_behind import WriteBehind
 
 BYTES = "bytes"
@@ -274,8 +276,11 @@ class TokenizeBatches(beam.DoFn):
     is used after that."""
 
     def __init__(self, info: TokenizerInfo, storage_options: dict | None = None, progress_dir: str | None = None,
-                 digests: bool = False, near: minhash.MinHashSettings | None = None):
+                 digests: bool = False, near: minhash.MinHashSettings | None = None, memo_dir: str | None = None):
+        """`memo_dir` (local runs: the spill directory): where the machine's worker processes
+        share their near features (near_features.SharedFeatureMemo)."""
         self._info = info
+        self._memo_dir = memo_dir
         self._digests = digests
         self._near = near
         self._storage_options = storage_options
@@ -287,10 +292,16 @@ class TokenizeBatches(beam.DoFn):
     def setup(self):
         self._encoder, self._reference = load_encoders(self._info, self._storage_options)
         if self._shared_memo is not None:
-            self._memo = self._shared_memo.acquire(lambda: FeatureMemo(self._near), tag=repr(self._near))
+            self._memo = self._shared_memo.acquire(self._new_memo, tag=repr(self._near))
         self._progress = ProgressFile(self._progress_dir)
         if self._reference is not None:
             self._checker = WriteBehind("flat-tokens-guard")
+
+    def _new_memo(self):
+        if self._memo_dir is None:
+            return FeatureMemo(self._near)
+        tag = hashlib.sha256(json.dumps(self._near.signature_key(), sort_keys=True).encode()).hexdigest()[:16]
+        return SharedFeatureMemo(self._near, os.path.join(self._memo_dir, f"near-features-{tag}.bin"))
 
     def start_bundle(self):
         self._checking = None  # a failed bundle's comparison is not this bundle's
