@@ -34,6 +34,7 @@ from transforms import staging
 from transforms.read.inputs import UNIT_DIGESTS, InputChanged, digest_of
 from transforms.read.staged_reads import unit_start
 from transforms.staging import StagingArea, Staged
+from transforms.tokenize import copy_defects
 from transforms.write import zarr_store
 from flat_tokens.format.checksums import Damaged, Sum, damaged_objects
 from flat_tokens.format.object_trees import gcs_entries, is_gcs
@@ -247,6 +248,7 @@ def unit_keys(plan, storage_options: dict | None = None, by_key: dict | None = N
               "digests": plan.dedup_shards is not None, "tokenizer": tokenizer}
     if plan.near:  # only then: the keys of other runs' units stay as they were
         common["signatures"] = plan.near[0].signature_key()
+        common["copy_defects"] = copy_defects.DEFINITION  # staged with the signatures
     versions = {}
     by_file, sizes = {}, {}
     for unit in list(plan.read_ranges()) + list(plan.row_groups):

@@ -511,6 +511,26 @@ def test_densified_bins_take_the_first_filled_bin_in_their_order(k):
         assert out.tolist() == expected
 
 
+def test_a_texts_near_features_do_not_depend_on_the_batch_it_is_in():
+    """Signatures and copy defects of texts of every kind of character, starting and ending
+    with newlines and blanks, computed in one batch, in another order and alone: the same
+    (the feature memo hands the features computed in one batch to every batch that meets
+    the text again)."""
+    from transforms.tokenize import near_features
+    rng = random.Random(4)
+    ends = ["", "\n", "\n\n", "\n\n\n", " ", "  ", "\t \n"]
+    texts = [rng.choice(ends) + t + rng.choice(ends) for t in tricky_texts(150, 7)] + ["\n\nb  c", "\ny", "x\n\n"]
+    settings = minhash.MinHashSettings()
+
+    def features(batch):
+        signatures, defects = near_features.computed(settings, batch, [t.encode() for t in batch], None, None)
+        return {t: (s.tobytes(), int(d)) for t, s, d in zip(batch, signatures, defects)}
+
+    together = features(texts)
+    assert features(texts[::-1]) == together
+    assert {t: features([t])[t] for t in texts} == together
+
+
 def test_capitals_of_any_script_are_counted_as_defined():
     """copy_defects' capital level: uppercase and cased letters counted code point by code
     point as str.upper() and str.lower() change them, or (texts where a letter's case changes
@@ -654,8 +674,8 @@ def test_copy_defects_rate_capitals_and_mangled_whitespace_not_length():
 def test_whitespace_anomalies_are_counted_as_defined():
     """copy_defects' anomaly rate of random texts of blanks, newlines, letters and a non-ASCII
     letter, against the definition read character by character: the first blank of a run of
-    2+ after a word, a blank at the end of a line, a newline after two (each text read as
-    the batch joins them: each ends a line)."""
+    2+ after a word, a blank at the end of a line, a newline after two of the text's own
+    (each text read as the batch joins them: each ends a line)."""
     from transforms.tokenize.copy_defects import MAX_ANOMALY_RATE, copy_defects
     rng = random.Random(3)
     texts = ["".join(rng.choice("  \t\n\naé") for _ in range(rng.randrange(1, 60))) for _ in range(500)]
@@ -667,7 +687,7 @@ def test_whitespace_anomalies_are_counted_as_defined():
             c, before, after = joined[i], joined[i - 1] if i else None, joined[i + 1] if i + 1 < len(joined) else None
             n += c in " \t" and after is not None and after in " \t" and before is not None and before not in " \t\n"
             n += c in " \t" and after == "\n"
-            n += c == "\n" and i >= 2 and joined[i - 2:i] == "\n\n"
+            n += c == "\n" and i - 2 >= start and joined[i - 2:i] == "\n\n"
         start += len(text) + 1
         expected.append(min(n * 1024 // len(text.encode()), MAX_ANOMALY_RATE))
     assert (copy_defects(BatchText.of(texts)) & 0xFF).tolist() == expected

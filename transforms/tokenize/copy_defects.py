@@ -10,7 +10,9 @@ once, and staged with its signature:
                (0 for ordinary prose, 4 for Title Case, 15 for ALL CAPS)
     low byte   its whitespace anomalies per KiB of text, at most 255: a run of 2 or more
                blanks (space, tab) inside a line, blanks at the end of a line, a third
-               newline in a row. Indentation (blanks after a newline) is not one.
+               newline in a row of the text's own (its end counts as one). Indentation
+               (blanks after a newline) is not one. A text's defects are a function of
+               the text alone, whatever batch it is in.
 
 Both are rates, in coarse steps, so that a copy with a few words edited has the defects of
 its original, and a longer text is not worse for being longer. ASCII letters are counted
@@ -21,6 +23,7 @@ import numpy as np
 
 from transforms.tokenize.characters import CASED, LOWER_CHANGES, LOWER_NOT_UPPER, RESIZES, UPPER, BatchText
 
+DEFINITION = "capitals-16-anomalies-of-own-newlines"  # part of a staged batch's key: what its defects mean
 CAPITAL_LEVELS = 16
 MAX_ANOMALY_RATE = 255
 _SPACE, _TAB, _NEWLINE = 32, 9, 10
@@ -83,12 +86,18 @@ def copy_defects(text: BatchText) -> np.ndarray:
     blank = (b == _SPACE) | (b == _TAB)
     newline = b == _NEWLINE
     # Each anomaly at one byte: the first blank of a run of 2+ after a word, a blank before a
-    # newline, a newline after two. (The newline joining two texts is no text's: a text's
-    # last blanks are at its end of line.)
+    # newline, a newline after two of the text's own. (The newline joining two texts is no
+    # text's: a text's last blanks are at its end of line, and no count looks into the text
+    # before, so a text's defects are the same in any batch.)
     anomaly = np.zeros(b.size, dtype=bool)
     anomaly[1:-1] = blank[1:-1] & blank[2:] & ~(blank[:-2] | newline[:-2])
     anomaly[:-1] |= blank[:-1] & newline[1:]
-    anomaly[2:] |= newline[2:] & newline[1:-1] & newline[:-2]
+    third = newline[2:] & newline[1:-1] & newline[:-2]  # at byte i + 2
+    # Only a text's own newlines: not the one joining it to the text before, nor that text's.
+    for first_bytes in (starts, starts + 1):
+        at = first_bytes - 2
+        third[at[(at >= 0) & (at < third.size)]] = False
+    anomaly[2:] |= third
     anomalies = _counts(anomaly, starts)
     rate = np.minimum(anomalies * 1024 // np.maximum(sizes, 1), MAX_ANOMALY_RATE)
     return (capitals.astype(np.uint16) << np.uint16(8)) | rate.astype(np.uint16)
