@@ -161,7 +161,9 @@ def test_a_validation_fraction_with_a_validation_input_is_refused(tmp_path):
                                                            "--tokens_chunk_size", "16", "--seq_starts_chunk_size", "4"]])
 @pytest.mark.slow
 def test_zarr_format_3_holds_the_same_arrays(tmp_path, corpus, extra):
-    common = ["--input", f"{corpus}/*.jsonl", "--tokenizer", "bytes"]
+    # Tiny chunks (tens of thousands of them for the whole corpus) are shown on one of its
+    # three files, the one with the document longer than many chunks.
+    common = ["--input", f"{corpus}/*.jsonl" if len(extra) == 2 else f"{corpus}/part-1.jsonl", "--tokenizer", "bytes"]
     run_pipeline(*common, "--output", tmp_path / "v2.zarr")
     run_pipeline(*common, "--output", tmp_path / "v3.zarr", *extra, *MULTI[:0])
     check_flat_tokens(tmp_path / "v3.zarr", "--compare", tmp_path / "v2.zarr")
