@@ -228,16 +228,15 @@ def candidate_pairs(keyed_parts):
     parts = list(parts)
     hashes = np.concatenate([p.hashes for p in parts])
     maybe = _maybe_shared(hashes)
-    hashes = hashes[maybe]
-    order = np.argsort(hashes)  # not stable (2x faster): the order within a run is set below, by value
+    order = maybe[np.argsort(hashes[maybe])]  # not stable (2x faster): the order within a run is set below, by value
     hashes = hashes[order]
-    nodes = np.concatenate([p.nodes for p in parts])[maybe][order]
+    nodes = np.concatenate([p.nodes for p in parts])[order]
     starts = _run_starts(hashes)
     run_size = np.diff(np.append(starts, hashes.size))
     # Members of runs of two or more in digest order, ties by node id.
     shared = np.repeat(run_size > 1, run_size)
     if shared.any():
-        keys = np.concatenate([p.order_keys for p in parts])[maybe][order]
+        keys = np.concatenate([p.order_keys for p in parts])[order]
         within = np.flatnonzero(shared)
         nodes[within] = nodes[within][np.lexsort((nodes[within], keys[within], hashes[within]))]
     # The j-th node of a run is paired with the min(j, HUBS) nodes before it.

@@ -22,6 +22,7 @@ import threading
 
 import numpy as np
 
+from transforms import hashing
 from transforms.segments import gather_segments
 from transforms.tokenize import minhash
 from transforms.tokenize.characters import BatchText
@@ -74,18 +75,6 @@ class FeatureMemo:
             self._defects[slots] = defects[new]
 
 
-_CHECK_SALT = np.uint64(0x5851F42D4C957F2D)  # an all-zero row (never written) fails its check
-
-
-def _words_mix(n: int) -> np.ndarray:
-    """n fixed odd 64-bit multipliers, one per 64-bit word of a row (SplitMix64 of 1, 2, ...)."""
-    x = (np.arange(1, n + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15))
-    with np.errstate(over="ignore"):
-        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return (x ^ (x >> np.uint64(31))) | np.uint64(1)
-
-
 class SharedFeatureMemo:
     """Texts' features by content digest, in a file that every worker process of a machine
     maps (`path`, in the run's spill directory): sets of WAYS rows, a text's set chosen by
@@ -107,17 +96,15 @@ class SharedFeatureMemo:
         finally:
             os.close(fd)
         self._table = np.memmap(path, dtype=self._row, mode="r+", shape=(rows,))
-        self._mix = _words_mix(self._row.itemsize // 8)
-        self._mix[2] = 0  # the check's own word
+        # One fixed odd multiplier per 64-bit word of a row, 0 for the check's own word.
+        self._mix = hashing.splitmix64(np.arange(self._row.itemsize // 8, dtype=np.uint64)) | np.uint64(1)
+        self._mix[2] = 0
 
     def _checks(self, rows: np.ndarray) -> np.ndarray:
         words = rows.view("<u8").reshape(rows.size, self._mix.size)
         with np.errstate(over="ignore"):
-            h = (words * self._mix).sum(axis=1, dtype=np.uint64) + _CHECK_SALT
-            h ^= h >> np.uint64(33)
-            h *= np.uint64(0xFF51AFD7ED558CCD)
-            h ^= h >> np.uint64(33)
-        return h
+            # splitmix64 is never 0 at 0: an all-zero row (never written) fails its check
+            return hashing.splitmix64((words * self._mix).sum(axis=1, dtype=np.uint64))
 
     def _sets_of(self, keys: np.ndarray) -> np.ndarray:
         """(n, WAYS) rows of each key's set."""

@@ -7,7 +7,6 @@ worker starts); workers load the same bytes again and check their sha256, so a t
 file replaced during a run fails the job instead of mixing two tokenizers.
 """
 import hashlib
-import json
 import logging
 import os
 import socket
@@ -21,6 +20,7 @@ import numpy as np
 from apache_beam.utils import shared
 
 from flat_tokens.format import storage_faults
+from transforms import staging
 from transforms.progress import ProgressFile, show_document_lengths
 from transforms.read.inputs import PARQUET, absolute, format_of
 from transforms.records import DocumentBatch, TokenizedBatch, narrowest_ids
@@ -300,8 +300,8 @@ class TokenizeBatches(beam.DoFn):
     def _new_memo(self):
         if self._memo_dir is None:
             return FeatureMemo(self._near)
-        tag = hashlib.sha256(json.dumps(self._near.signature_key(), sort_keys=True).encode()).hexdigest()[:16]
-        return SharedFeatureMemo(self._near, os.path.join(self._memo_dir, f"near-features-{tag}.bin"))
+        name = f"near-features-{staging.key_of(self._near.signature_key())}.bin"
+        return SharedFeatureMemo(self._near, os.path.join(self._memo_dir, name))
 
     def start_bundle(self):
         self._checking = None  # a failed bundle's comparison is not this bundle's

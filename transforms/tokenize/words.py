@@ -14,7 +14,8 @@ How, for a whole batch at once (characters.BatchText):
 - Every other text is mapped code point by code point: each one's entry (characters.py)
   says what it becomes, one character (most: é becomes e, ё е, ｶ カ), none (a mark) or a
   few (ß ss), and the batch's non-ASCII texts become their words with one numpy pass
-  over their code points and a few steps at the few that do not become one character.
+  over their code points (a mark's character is dropped from the UTF-8 after it); only the
+  texts with a character that becomes a few are copied out and expanded.
   That gives the whole-text definition's words whenever no character of the text interacts
   with its neighbours (characters._words_entry says when); the texts with one (a
   combining mark, a half-width sound mark: LENGTH WHOLE) take the Unicode calls, which
@@ -25,6 +26,7 @@ import codecs
 
 import numpy as np
 
+from transforms.segments import gather_segments
 from transforms.tokenize.characters import DELETED, KINDS, MARK, NEWLINE, SEPARATOR, VALUE_MASK, WHOLE, BatchText, folded, pool
 
 WORD_NORMALISATION = "nfkc-casefold-nfkd-nomarks"  # staged with signatures: what a word is
@@ -99,7 +101,7 @@ def _irregular_words(text: BatchText, chars: np.ndarray, lengths: np.ndarray,
     sizes = ends - starts
     sub_ends = np.cumsum(sizes)
     shift = (sub_ends - sizes - starts)[np.searchsorted(affected, spans)]  # text positions -> the copy's
-    sub = np.concatenate([chars[a:b] for a, b in zip(starts.tolist(), ends.tolist())])
+    sub = gather_segments(chars, np.diff(text.ends, prepend=0), affected)
     sizes_of = lengths[irregular].astype(np.int64)
     whole = np.unique(spans[sizes_of == WHOLE])
     sub, newlines = _expanded(sub, sizes_of, irregular + shift, sub_ends - 1)
@@ -113,9 +115,10 @@ def _irregular_words(text: BatchText, chars: np.ndarray, lengths: np.ndarray,
 def _expanded(chars: np.ndarray, sizes: np.ndarray, irregular: np.ndarray,
               newlines: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(the characters with each irregular entry's in its place, where the newlines went):
-    an entry of LENGTH 0 (a mark; WHOLE too, whose text is replaced) leaves nothing, one of
-    2 to 6 its run of POOL. The others keep their order in the slots left (a boolean mask:
-    np.repeat over all code points cost 3x)."""
+    an entry of LENGTH WHOLE (its text is replaced) or 0 leaves nothing, one of 2 to 6 its
+    run of POOL. The others keep their order in the slots left (a boolean mask: np.repeat
+    over all code points cost 3x). _irregular_words calls it on the texts that need it only;
+    marks are DELETED before, in place."""
     sizes[sizes == WHOLE] = 0
     grown = np.cumsum(sizes - 1)  # how much longer the output is, after each irregular entry
     starts = irregular + grown - (sizes - 1)  # where each one's characters go
