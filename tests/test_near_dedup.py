@@ -531,6 +531,45 @@ def test_a_texts_near_features_do_not_depend_on_the_batch_it_is_in():
     assert {t: features([t])[t] for t in texts} == together
 
 
+@pytest.mark.parametrize("shingle", [minhash.WORDS, minhash.TOKENS])
+def test_features_computed_a_piece_of_the_batch_at_a_time_are_each_texts_own(shingle, monkeypatch):
+    """A batch's features are computed a piece of its text at a time (near_features.pieces):
+    cut into pieces of a few texts, a batch gets each text's features alone, token shingles
+    too (each piece takes its own texts' ids)."""
+    from transforms.tokenize import near_features
+    texts = [t for t in tricky_texts(120, 9) if t.strip()] + [RUSSIAN, RUSSIAN.upper()] + MULTILINGUAL
+    settings = minhash.MinHashSettings(shingle=shingle)
+
+    def features(batch):
+        encoded = [t.encode() for t in batch]
+        ids = [np.frombuffer(e, dtype=np.uint8).astype(np.uint32) for e in encoded]  # a byte tokenizer's ids
+        lengths = np.array([i.size for i in ids], dtype=np.int64)
+        return near_features.computed(settings, batch, encoded, np.concatenate(ids), lengths)
+
+    alone = [features([t]) for t in texts]
+    monkeypatch.setattr(near_features, "PIECE_BYTES", 300)
+    assert len(near_features.pieces([t.encode() for t in texts])) > 10
+    signatures, defects = features(texts)
+    assert signatures.tobytes() == np.concatenate([s for s, _ in alone]).tobytes()
+    assert defects.tolist() == [int(d[0]) for _, d in alone]
+
+
+def test_pieces_cover_a_batch_in_order_each_about_the_size_asked():
+    """Every text in exactly one piece, in order; a piece passes the size only by its last
+    text, and only a piece of one text is empty of bytes."""
+    from transforms.tokenize.near_features import pieces
+    rng = random.Random(5)
+    for _ in range(200):
+        encoded = [bytes(rng.choice([0, 1, 5, 40, 300])) for _ in range(rng.randrange(0, 40))]
+        size = rng.choice([1, 50, 100, 1000])
+        ranges = pieces(encoded, size)
+        assert [i for lo, hi in ranges for i in range(lo, hi)] == list(range(len(encoded)))
+        for lo, hi in ranges:
+            assert hi > lo
+            assert sum(map(len, encoded[lo:hi - 1])) < size
+        assert len(ranges) <= 1 + sum(map(len, encoded)) // size
+
+
 def test_capitals_of_any_script_are_counted_as_defined():
     """copy_defects' capital level: uppercase and cased letters counted code point by code
     point as str.upper() and str.lower() change them, or (texts where a letter's case changes

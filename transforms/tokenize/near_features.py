@@ -137,12 +137,50 @@ class SharedFeatureMemo:
         self._table[candidates[np.arange(len(keys)), way]] = rows
 
 
-def computed(settings: minhash.MinHashSettings, texts: list[str], encoded: list[bytes], ids: np.ndarray,
-             lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def computed(settings: minhash.MinHashSettings, texts: list[str], encoded: list[bytes], ids: np.ndarray | None,
+             lengths: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
     """(signatures, defects) of documents: their texts (as str and UTF-8) and, for token
-    shingles, their ids (end to end, `lengths` each)."""
-    text = BatchText(encoded, texts)
-    return minhash.batch_signatures(settings, text, ids, lengths), copy_defects(text)
+    shingles, their ids (end to end, `lengths` each). Computed PIECE_BYTES of text at a time
+    (pieces): a text's features do not depend on the texts beside it."""
+    tokens = settings.shingle == minhash.TOKENS
+    id_ends = np.cumsum(lengths) if tokens else None
+    signatures, defects = [], []
+    for lo, hi in pieces(encoded):
+        text = BatchText(encoded[lo:hi], texts[lo:hi])
+        if tokens:
+            first = int(id_ends[lo - 1]) if lo else 0
+            piece_ids, piece_lengths = ids[first:int(id_ends[hi - 1])], lengths[lo:hi]
+        else:
+            piece_ids = piece_lengths = None
+        signatures.append(minhash.batch_signatures(settings, text, piece_ids, piece_lengths))
+        defects.append(copy_defects(text))
+    if not signatures:
+        return np.empty((0, settings.hashes), dtype=np.uint16), np.empty(0, dtype=np.uint16)
+    return np.concatenate(signatures), np.concatenate(defects)
+
+
+PIECE_BYTES = 1 << 20
+
+
+def pieces(encoded: list[bytes], size: int | None = None) -> list[tuple[int, int]]:
+    """[lo, hi) ranges of `encoded`, in order: each ends at the first text that makes it
+    `size` bytes (PIECE_BYTES) or more, or at the end.
+
+    A batch's features take a few passes over arrays of 4 to 8 bytes per character. Over a
+    whole batch (16 MB of text) each array is a fresh mapping of its own, faulted in page by
+    page, and no pass finds the last one's bytes in cache; a megabyte at a time, they stay in
+    the heap and the cache. On 107k documents of real text in a --dedup near run, computing
+    the features took 3.3 s of CPU instead of 4.7 s, and 100 page faults instead of 16,600."""
+    size = size or PIECE_BYTES
+    bounds, held = [0], 0
+    for i, n in enumerate(map(len, encoded)):
+        held += n
+        if held >= size:
+            bounds.append(i + 1)
+            held = 0
+    if bounds[-1] != len(encoded):
+        bounds.append(len(encoded))
+    return list(zip(bounds[:-1], bounds[1:]))
 
 
 def batch_features(settings: minhash.MinHashSettings, texts: list[str], encoded: list[bytes], digests: np.ndarray,
