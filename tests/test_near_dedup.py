@@ -639,6 +639,25 @@ def test_components_converge_by_stars_and_union_find_agrees():
         assert got == {n: r for n, r in expected.items() if n != r}
 
 
+def test_a_band_part_gives_back_every_entrys_node_and_refuses_a_node_split_in_two():
+    """A BandPart holds each node once, with its count of entries: what it gives back per entry
+    is what it was made of; a node whose entries are not together would be given back wrong,
+    so it is refused."""
+    from transforms.records import BandPart
+
+    rng = np.random.default_rng(8)
+    counts = rng.integers(1, 40, 500)
+    nodes = np.repeat(np.sort(rng.choice(2**40, 500, replace=False)).astype(np.uint64), counts)
+    keys = np.repeat(rng.integers(0, 2**63, 500, dtype=np.uint64), counts)
+    hashes = rng.integers(0, 2**63, nodes.size, dtype=np.uint64)
+    part = BandPart.of(hashes, nodes, keys)
+    assert part.nodes.size == 500
+    assert np.array_equal(part.entry_nodes(), nodes) and np.array_equal(part.entry_order_keys(), keys)
+    assert np.array_equal(part.hashes, hashes)
+    with pytest.raises(ValueError, match="not together"):
+        BandPart.of(hashes[:3], np.array([1, 2, 1], dtype=np.uint64), keys[:3])
+
+
 def test_which_pairs_a_crowded_band_compares_does_not_depend_on_node_ids():
     """A band shared by more nodes than are paired each with each (30 here): the pairs come
     from the nodes' content, not their ids, which change with the number of shards."""
@@ -649,7 +668,7 @@ def test_which_pairs_a_crowded_band_compares_does_not_depend_on_node_ids():
     found = []
     for shards in (1, 7):
         ids = (rng.integers(0, shards, 30).astype(np.uint64) << np.uint64(32)) | np.arange(30, dtype=np.uint64)
-        parts = [BandPart(np.full(m.size, 42, np.uint64), ids[m], digests[m]) for m in np.array_split(np.arange(30), 4)]
+        parts = [BandPart.of(np.full(m.size, 42, np.uint64), ids[m], digests[m]) for m in np.array_split(np.arange(30), 4)]
         requests = [e for _, e in candidate_pairs((0, parts))]
         by_id = dict(zip(ids.tolist(), digests.tolist()))
         found.append({frozenset((by_id[a], by_id[b])) for e in requests for a, b in zip(e.a.tolist(), e.b.tolist())})

@@ -434,11 +434,30 @@ class NodePart:
 
 @dataclass
 class BandPart:
-    """Band hashes of nodes (one entry per node and band) that fall into one band shard."""
+    """Band hashes of nodes (one entry per node and band) that fall into one band shard: each
+    node's entries together, its id and order key once. (With both per entry, 24 bytes, the
+    parts of 107k short documents were 80 MB, encoded, grouped and decoded by the runner.)"""
 
-    hashes: np.ndarray  # uint64
-    nodes: np.ndarray  # uint64 node ids
+    hashes: np.ndarray  # uint64, one per entry
+    nodes: np.ndarray  # uint64 node ids, one per node
     order_keys: np.ndarray  # uint64: the first half of each node's content digest
+    counts: np.ndarray  # uint16: the node's entries, which come in that order
+
+    @classmethod
+    def of(cls, hashes: np.ndarray, nodes: np.ndarray, order_keys: np.ndarray) -> "BandPart":
+        """The part of entries (hashes, nodes, order_keys: one each per entry) whose entries of
+        one node are together."""
+        starts = np.flatnonzero(np.concatenate([[True], nodes[1:] != nodes[:-1]])) if nodes.size else np.empty(0, int)
+        counts = np.diff(np.append(starts, nodes.size)).astype(np.uint16)
+        if counts.size and not np.array_equal(np.unique(nodes[starts]), np.sort(nodes[starts])):
+            raise ValueError("a band part's entries of one node are not together")
+        return cls(hashes, nodes[starts], order_keys[starts], counts)
+
+    def entry_nodes(self) -> np.ndarray:
+        return np.repeat(self.nodes, self.counts)
+
+    def entry_order_keys(self) -> np.ndarray:
+        return np.repeat(self.order_keys, self.counts)
 
 
 @dataclass

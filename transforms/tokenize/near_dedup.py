@@ -214,7 +214,7 @@ def key_by_band(keyed_table, bands: int, rows: int, num_shards: int, against: bo
     hashes = minhash.hash_bands(dense, bands, rows).ravel()
     nodes, order_keys = np.repeat(table.ids, bands), np.repeat(table.digests[:, 0], bands)
     for band_shard, members in groups_of(hashing.shard_of(hashes, num_shards)):
-        yield int(band_shard), BandPart(hashes[members], nodes[members], order_keys[members])
+        yield int(band_shard), BandPart.of(hashes[members], nodes[members], order_keys[members])
     for tag, keyed in near_index.table_keys(shard, table, dense, num_shards, against):
         yield beam.pvalue.TaggedOutput(tag, keyed)
 
@@ -230,13 +230,13 @@ def candidate_pairs(keyed_parts):
     maybe = _maybe_shared(hashes)
     order = maybe[np.argsort(hashes[maybe])]  # not stable (2x faster): the order within a run is set below, by value
     hashes = hashes[order]
-    nodes = np.concatenate([p.nodes for p in parts])[order]
+    nodes = np.concatenate([p.entry_nodes() for p in parts])[order]
     starts = _run_starts(hashes)
     run_size = np.diff(np.append(starts, hashes.size))
     # Members of runs of two or more in digest order, ties by node id.
     shared = np.repeat(run_size > 1, run_size)
     if shared.any():
-        keys = np.concatenate([p.order_keys for p in parts])[order]
+        keys = np.concatenate([p.entry_order_keys() for p in parts])[order]
         within = np.flatnonzero(shared)
         nodes[within] = nodes[within][np.lexsort((nodes[within], keys[within], hashes[within]))]
     # The j-th node of a run is paired with the min(j, HUBS) nodes before it.
