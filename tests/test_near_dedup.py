@@ -658,6 +658,29 @@ def test_a_band_part_gives_back_every_entrys_node_and_refuses_a_node_split_in_tw
         BandPart.of(hashes[:3], np.array([1, 2, 1], dtype=np.uint64), keys[:3])
 
 
+def test_a_node_table_spilled_to_a_file_gives_the_nodes_the_table_gives(tmp_path):
+    """Local runs fetch candidate pairs' nodes from a table whose signatures are in a file of
+    the spill directory: the edges attached are those of the table in memory."""
+    from transforms.records import Edges, Nodes
+    from transforms.tokenize.near_dedup import attach_nodes, spilled_table
+
+    rng = np.random.default_rng(6)
+    n = 50
+    ids = (np.uint64(3) << np.uint64(32)) | np.arange(n, dtype=np.uint64)
+    table = Nodes(ids, rng.integers(0, 2**63, (n, 2), dtype=np.uint64), rng.integers(0, 2**40, n, dtype=np.uint64),
+                  rng.integers(0, 3, n).astype(np.int8), rng.integers(0, 2**16, (n, 64), dtype=np.uint16))
+    a, b = ids[rng.integers(0, n, 80)], (np.uint64(9) << np.uint64(32)) | rng.integers(0, 99, 80).astype(np.uint64)
+    requests = [Edges(a, b, np.zeros(a.size, dtype=bool))]
+    shard, spilled = spilled_table((3, table), str(tmp_path))
+    assert shard == 3 and spilled.signature_file.startswith(str(tmp_path))
+
+    def attached(t):
+        return [(k, e.a.tobytes(), e.b.tobytes(), e.nodes.signatures.tobytes(), e.nodes.ranks.tobytes())
+                for k, e in attach_nodes((3, {"tables": [t], "requests": requests}), 4)]
+
+    assert attached(spilled) == attached(table) and len(attached(table)) > 1
+
+
 def test_which_pairs_a_crowded_band_compares_does_not_depend_on_node_ids():
     """A band shared by more nodes than are paired each with each (30 here): the pairs come
     from the nodes' content, not their ids, which change with the number of shards."""

@@ -12,7 +12,8 @@ Nodes. A node is a distinct text (its copies merged, as exact dedup merges them)
 `dedup shard << 32 | row` in its shard's node table (rows in digest order): ids are small,
 unique and a pure function of the input. Documents without a signature (fewer words than the
 shingle size) are not nodes. On local runs a node part names rows of its batch's signature
-file in the spill directory rather than carrying 512 bytes per copy through the runner.
+file in the spill directory rather than carrying 512 bytes per copy through the runner, and
+the node tables that candidate pairs fetch from name a file of their signatures there too.
 
 Candidates. The nodes that share a band hash (of their densified signatures: minhash.py)
 are candidate pairs, each with each; a band shared by more than HUBS nodes pairs each with
@@ -61,7 +62,7 @@ import numpy as np
 
 from transforms import hashing
 from transforms.read.inputs import input_index
-from transforms.records import BandPart, Edges, NearDecisions, NodePart, Nodes, TokenizedBatch
+from transforms.records import BandPart, Edges, NearDecisions, NodePart, Nodes, SpilledNodes, TokenizedBatch
 from transforms.segments import groups_of
 from transforms.tokenize import minhash, near_index
 from transforms.write_behind import WritesBehindWithSpillDir
@@ -201,6 +202,15 @@ def node_table(keyed_parts):
     yield shard, Nodes(ids, digests[first], ranks[first], votes, signatures)
 
 
+def spilled_table(keyed_table, spill_dir: str):
+    """(shard, Nodes) -> (shard, SpilledNodes): the table's signatures written to a file of the
+    spill directory named by its shard (a retried bundle writes the same bytes there)."""
+    shard, table = keyed_table
+    path = os.path.join(spill_dir, f"nodes-{shard:06d}.signatures")
+    write_whole(path, np.ascontiguousarray(table.signatures))
+    return shard, SpilledNodes(table.ids, table.digests, table.ranks, table.votes, path, table.signatures.shape[1])
+
+
 # ---------------------------------------------------------------------------------------------
 # candidates
 
@@ -271,7 +281,8 @@ def _pair_buckets(a: np.ndarray, b: np.ndarray, num_shards: int) -> np.ndarray:
 
 
 def attach_nodes(keyed, num_shards: int):
-    """(dedup shard, {tables, requests}) -> (pair bucket, Edges(a, b, b_side, the node asked for))."""
+    """(dedup shard, {tables: Nodes or SpilledNodes, requests}) -> (pair bucket, Edges(a, b,
+    b_side, the node asked for))."""
     _, grouped = keyed
     requests = list(grouped["requests"])
     if not requests:
@@ -654,8 +665,13 @@ class FindNearDuplicates(beam.PTransform):
             | "GroupByBand" >> beam.GroupByKey()
             | "CandidatePairs" >> beam.FlatMap(candidate_pairs).with_output_types(tuple[int, Edges])
         )
+        if self._spill_dir is not None:  # local runs: the signatures stay on this machine's disk
+            fetched = tables | "SpillSignatures" >> beam.Map(spilled_table, self._spill_dir) \
+                .with_output_types(tuple[int, SpilledNodes])
+        else:
+            fetched = tables
         verified = (
-            {"tables": tables, "requests": requests}
+            {"tables": fetched, "requests": requests}
             | "FetchNodes" >> beam.CoGroupByKey()
             | "AttachNodes" >> beam.FlatMap(attach_nodes, n).with_output_types(tuple[int, Edges])
             | "GroupPairs" >> beam.GroupByKey()
