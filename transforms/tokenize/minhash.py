@@ -164,9 +164,13 @@ def densified(signatures_: np.ndarray) -> np.ndarray:
         for attempt in range(steps.shape[0]):
             if at.size == 0:
                 break
-            donor = flat_own[at + steps[attempt][at & np.int32(k - 1) if power_of_two else at % k]]
-            flat_out[at] = donor  # an empty donor leaves the bin empty
-            at = at[donor == EMPTY]
+            # take, put and compress, not indexing: the positions are in range by construction,
+            # and unchecked they cost two thirds (0.60 -> 0.40 s for 103k short documents).
+            source = np.take(steps[attempt], at & np.int32(k - 1) if power_of_two else at % k, mode="clip")
+            source += at
+            donor = np.take(flat_own, source, mode="clip")
+            np.put(flat_out, at, donor, mode="clip")  # an empty donor leaves the bin empty
+            at = np.compress(donor == EMPTY, at)
         left.append(np.unique(at // k).astype(np.int64) + lo)
     rows = np.concatenate(left) if left else np.empty(0, dtype=np.int64)
     # Rows with alike numbers of filled bins together: each chunk's arrays are as wide as its
