@@ -29,7 +29,9 @@ class LazyCodePointTable:
         self._lock = threading.Lock()
 
     def values(self, points: np.ndarray) -> np.ndarray:
-        values = self._values[points]
+        """The entries of `points`, code points of a str (all below CODE_POINTS)."""
+        # Unchecked (mode="clip": a str's code points are in range): a third faster than indexing.
+        values = np.take(self._values, points, mode="clip")
         new = values == self._unknown
         if new.any():
             with self._lock:
