@@ -64,8 +64,10 @@ def build_pipeline(p: beam.Pipeline, plan: JobPlan):
         batch_documents=plan.batch_documents, storage_options=so, progress_dir=plan.progress_dir, staging=area)
     digests = plan.dedup_shards is not None
     signatures = plan.near[0] if plan.near else None
-    tokenize = (TokenizeAndStage(plan.tokenizer, area, so, plan.progress_dir, digests, signatures, plan.spill_dir) if area
-                else TokenizeBatches(plan.tokenizer, so, plan.progress_dir, digests, signatures, plan.spill_dir))
+    # Worker processes of a machine share their near features in a file; one process keeps them in memory.
+    memo_dir = plan.spill_dir if plan.local_processes > 1 else None
+    tokenize = (TokenizeAndStage(plan.tokenizer, area, so, plan.progress_dir, digests, signatures, memo_dir) if area
+                else TokenizeBatches(plan.tokenizer, so, plan.progress_dir, digests, signatures, memo_dir))
     tokenized = corpus.documents | "Tokenize" >> beam.ParDo(tokenize).with_output_types(TokenizedBatch)
     if resume and resume.units:
         staged = p | "ReplayStagedUnits" >> ReplayStagedUnits(area, resume.units, plan.progress_dir)

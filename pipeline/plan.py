@@ -50,6 +50,7 @@ class JobPlan:
     expected_owner: tuple = (0, "", False)  # (claim generation, run id, committed) the launcher found at the output
     take_unfinished: bool = False  # it found no committed dataset: an unfinished output may be taken (resumed)
     spill_dir: str | None = None  # local runs only: where shard parts' ids wait for the sort (transforms/shuffle/spill.py)
+    local_processes: int = 1  # local runs: the runner's worker processes (several share their near features)
     provenance: dict = field(default_factory=dict)
     row_groups: list[RowGroup] = field(default_factory=list)  # of the Parquet files, from their footers
     dedup_shards: int | None = None  # --dedup exact or near: shards of the dedup shuffle; None: no dedup

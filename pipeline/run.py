@@ -438,6 +438,7 @@ def _main(argv, options, ft, stopping: _Stopping) -> int:
             return _report_built(ft, built)
         used = parallelism.choose(parallelism.parse(ft.local_parallelism), argv, options, runs_in_process(options),
                                   plan.input_bytes, len(plan.read_ranges()) + len(plan.row_groups))
+        plan.local_processes = used.workers if used.mode == parallelism.MULTI_PROCESSING else 1
         plan.expected_owner = (*found.owner, found.committed)  # CreateOutput replaces only this, or stops
         plan.take_unfinished = not found.committed
         # Files a directory input holds but does not read count too: an output among them

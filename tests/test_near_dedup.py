@@ -335,6 +335,25 @@ def test_the_feature_memo_gives_what_computing_gives_whatever_it_holds(shingle):
         near_features.computed = real
 
 
+def test_first_copies_name_each_texts_first_document_and_every_documents_text():
+    """batch_features computes each text of a batch once, from its first copy: first_copies
+    gives those, in document order, and where each document's text is among them (as a dict
+    of first appearances would)."""
+    from transforms.tokenize.near_features import first_copies
+    rng = np.random.default_rng(2)
+    for n in (0, 1, 2, 7, 300):
+        pool = rng.integers(0, 2**64, (max(1, n // 3), 2), dtype=np.uint64)
+        pool[:, 0] = pool[0, 0]  # texts that differ only in the digest's second half
+        digests = pool[rng.integers(0, len(pool), n)]
+        rows = [tuple(d) for d in digests.tolist()]
+        firsts = {}
+        for i, row in enumerate(rows):
+            firsts.setdefault(row, i)
+        first, copy_of = first_copies(digests)
+        assert first.tolist() == list(firsts.values())
+        assert [rows[first[j]] for j in copy_of.tolist()] == rows
+
+
 def _features_args(settings, texts):
     from transforms.tokenize.dedup import digests_of
     encoded = [t.encode() for t in texts]
@@ -365,8 +384,9 @@ def test_worker_processes_share_their_near_features_and_a_torn_row_is_a_miss(tmp
     writer.join(60)
     assert writer.exitcode == 0
     memo = near_features.SharedFeatureMemo(settings, path)
-    keys = [d.tobytes() for d in np.ascontiguousarray(_features_args(settings, texts)[3], dtype="<u8")]
-    found, signatures, defects = memo.get(keys)
+    digests = np.ascontiguousarray(_features_args(settings, texts)[3], dtype="<u8")
+    keys = [d.tobytes() for d in digests]
+    found, signatures, defects = memo.get(digests)
     expected = near_features.computed(*_features_args(settings, texts)[:3], None, None)
     assert found.all() and np.array_equal(signatures, expected[0]) and np.array_equal(defects, expected[1])
     # Change one byte of some texts' rows, each at another place in the row.
@@ -378,7 +398,7 @@ def test_worker_processes_share_their_near_features_and_a_torn_row_is_a_miss(tmp
         row = next(r for r in slots[i].tolist() if bytes(table[r * row_bytes:r * row_bytes + 16]) == keys[i])
         table[row * row_bytes + (n * 37) % row_bytes] ^= 0x10
     table.flush()
-    found, _, _ = memo.get(keys)
+    found, _, _ = memo.get(digests)
     assert not found[torn].any() and found[[i for i in range(len(keys)) if i not in torn]].all()
     computed = []
     real = near_features.computed

@@ -19,6 +19,7 @@ write torn by another, a crash) is a miss, never a hit.
 """
 import os
 import threading
+from itertools import repeat
 
 import numpy as np
 
@@ -35,42 +36,52 @@ WAYS = 4  # the rows a text may be in (a set): a new text takes one of its set's
 
 class FeatureMemo:
     """The features of the last `capacity` distinct texts met, by content digest: a ring of
-    rows, the oldest overwritten first. Safe to share between threads."""
+    rows, the oldest overwritten first, found by a dict from the digest's first half (an
+    int: a dict of 16-byte keys, and a loop over the keys to evict, cost twice as much) and
+    checked against its second. Safe to share between threads."""
 
     def __init__(self, settings: minhash.MinHashSettings, capacity: int | None = None):
         self.settings = settings
         self.capacity = capacity or max(1, MEMO_BYTES // (2 * settings.hashes + 2))
         self._signatures = np.empty((self.capacity, settings.hashes), dtype=np.uint16)
         self._defects = np.empty(self.capacity, dtype=np.uint16)
-        self._slot_of: dict[bytes, int] = {}
-        self._key_in: list[bytes | None] = [None] * self.capacity
+        self._digests = np.zeros((self.capacity, 2), dtype=np.uint64)
+        self._held = np.zeros(self.capacity, dtype=bool)
+        self._slot_of: dict[int, int] = {}
         self._next = 0
         self._lock = threading.Lock()
 
-    def get(self, keys: list[bytes]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(found: bool per key, their signatures, their defects): copies, so a later put
-        cannot change them."""
+    def _slots(self, digests: np.ndarray) -> np.ndarray:
+        """Each digest's row, or -1."""
+        slot_of = self._slot_of
+        slots = np.fromiter(map(slot_of.get, digests[:, 0].tolist(), repeat(-1)), dtype=np.int64, count=len(digests))
+        found = np.flatnonzero(slots >= 0)
+        same = self._held[slots[found]] & (self._digests[slots[found]] == digests[found]).all(axis=1)
+        slots[found[~same]] = -1  # a first half met with another second half: not this text
+        return slots
+
+    def get(self, digests: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(found: bool per text (its content digest, a row of `digests`), their signatures,
+        their defects): copies, so a later put cannot change them."""
         with self._lock:
-            slots = np.array([self._slot_of.get(k, -1) for k in keys], dtype=np.int64)
+            slots = self._slots(digests)
             found = slots >= 0
             return found, self._signatures[slots[found]], self._defects[slots[found]]
 
-    def put(self, keys: list[bytes], signatures: np.ndarray, defects: np.ndarray) -> None:
-        """Hold the features of texts `keys` (distinct), evicting the oldest held."""
+    def put(self, digests: np.ndarray, signatures: np.ndarray, defects: np.ndarray) -> None:
+        """Hold the features of texts `digests` (distinct), evicting the oldest held."""
         with self._lock:
-            new = [i for i, key in enumerate(keys) if key not in self._slot_of][-self.capacity:]
-            if not new:
+            new = np.flatnonzero(self._slots(digests) < 0)[-self.capacity:]
+            if not new.size:
                 return
-            slots = (self._next + np.arange(len(new))) % self.capacity
+            slots = (self._next + np.arange(new.size)) % self.capacity
             self._next = int(slots[-1] + 1) % self.capacity
-            for slot in slots.tolist():
-                old = self._key_in[slot]
-                if old is not None:
-                    del self._slot_of[old]
-            held = [keys[i] for i in new]
-            for slot, key in zip(slots.tolist(), held):
-                self._key_in[slot] = key
-            self._slot_of.update(zip(held, slots.tolist()))
+            evicted = slots[self._held[slots]]
+            for key, slot in zip(self._digests[evicted, 0].tolist(), evicted.tolist()):
+                if self._slot_of.get(key) == slot:
+                    del self._slot_of[key]
+            self._slot_of.update(zip(digests[new, 0].tolist(), slots.tolist()))
+            self._digests[slots], self._held[slots] = digests[new], True
             self._signatures[slots] = signatures[new]
             self._defects[slots] = defects[new]
 
@@ -111,9 +122,10 @@ class SharedFeatureMemo:
         first = (keys[:, 0] % np.uint64(self._sets)).astype(np.int64) * WAYS
         return first[:, None] + np.arange(WAYS)
 
-    def get(self, keys: list[bytes]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(found: bool per key, their signatures, their defects)."""
-        digests = np.frombuffer(b"".join(keys), dtype="<u8").reshape(-1, 2)
+    def get(self, digests: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(found: bool per text (its content digest, a row of `digests`), their signatures,
+        their defects)."""
+        digests = np.ascontiguousarray(digests, dtype="<u8")
         candidates = self._sets_of(digests)
         same = (self._table["key"][candidates] == digests[:, None, :]).all(axis=2)
         found = same.any(axis=1)
@@ -122,19 +134,19 @@ class SharedFeatureMemo:
         found[found] = intact
         return found, rows["signature"][intact], rows["defects"][intact]
 
-    def put(self, keys: list[bytes], signatures: np.ndarray, defects: np.ndarray) -> None:
-        """Hold the features of texts `keys` (distinct): each in an empty row of its set, or
-        (none empty) in the row its digest picks."""
-        if not keys:
+    def put(self, digests: np.ndarray, signatures: np.ndarray, defects: np.ndarray) -> None:
+        """Hold the features of texts `digests` (distinct): each in an empty row of its set,
+        or (none empty) in the row its digest picks."""
+        if not len(digests):
             return
-        digests = np.frombuffer(b"".join(keys), dtype="<u8").reshape(-1, 2)
+        digests = np.ascontiguousarray(digests, dtype="<u8")
         candidates = self._sets_of(digests)
         empty = self._table["check"][candidates] == 0
         way = np.where(empty.any(axis=1), empty.argmax(axis=1), (digests[:, 1] % np.uint64(WAYS)).astype(np.int64))
-        rows = np.zeros(len(keys), dtype=self._row)
+        rows = np.zeros(len(digests), dtype=self._row)
         rows["key"], rows["defects"], rows["signature"] = digests, defects, signatures
         rows["check"] = self._checks(rows)
-        self._table[candidates[np.arange(len(keys)), way]] = rows
+        self._table[candidates[np.arange(len(digests)), way]] = rows
 
 
 def computed(settings: minhash.MinHashSettings, texts: list[str], encoded: list[bytes], ids: np.ndarray | None,
@@ -185,29 +197,41 @@ def pieces(encoded: list[bytes], size: int | None = None) -> list[tuple[int, int
 
 def batch_features(settings: minhash.MinHashSettings, texts: list[str], encoded: list[bytes], digests: np.ndarray,
                    ids: np.ndarray, lengths: np.ndarray,
-                   memo: FeatureMemo | None = None) -> tuple[np.ndarray, np.ndarray]:
+                   memo: FeatureMemo | SharedFeatureMemo | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(signatures, defects) of a batch's documents (their texts, content digests (n, 2), and
     ids end to end, `lengths` each), computed for the texts `memo` does not hold (once each,
-    however many copies the batch has) and taken from it for the others."""
+    however many copies the batch has, in the order of their first copies) and taken from it
+    for the others."""
     if memo is None:
         return computed(settings, texts, encoded, ids, lengths)
-    packed = np.ascontiguousarray(digests, dtype="<u8").tobytes()
-    keys = [packed[i:i + 16] for i in range(0, len(packed), 16)]
-    found, signatures_found, defects_found = memo.get(keys)
-    signatures = np.empty((len(keys), settings.hashes), dtype=np.uint16)
-    defects = np.empty(len(keys), dtype=np.uint16)
+    first, copy_of = first_copies(digests)
+    found, signatures_found, defects_found = memo.get(digests[first])
+    signatures = np.empty((first.size, settings.hashes), dtype=np.uint16)
+    defects = np.empty(first.size, dtype=np.uint16)
     signatures[found], defects[found] = signatures_found, defects_found
-    missing = np.flatnonzero(~found)
-    if missing.size:
-        first_of = {}  # each missing text's first document in the batch
-        for i in missing.tolist():
-            first_of.setdefault(keys[i], i)
-        new = np.fromiter(first_of.values(), dtype=np.int64, count=len(first_of))
+    if not found.all():
+        new = first[~found]
         new_ids = gather_segments(ids, lengths, new) if settings.shingle == minhash.TOKENS else ids
-        new_signatures, new_defects = computed(settings, [texts[i] for i in new.tolist()],
-                                               [encoded[i] for i in new.tolist()], new_ids, lengths[new])
-        row_of = {key: row for row, key in enumerate(first_of)}
-        rows = np.array([row_of[keys[i]] for i in missing.tolist()], dtype=np.int64)
-        signatures[missing], defects[missing] = new_signatures[rows], new_defects[rows]
-        memo.put(list(first_of), new_signatures, new_defects)
-    return signatures, defects
+        listed = new.tolist()
+        new_signatures, new_defects = computed(settings, [texts[i] for i in listed], [encoded[i] for i in listed],
+                                               new_ids, lengths[new])
+        signatures[~found], defects[~found] = new_signatures, new_defects
+        memo.put(digests[new], new_signatures, new_defects)
+    return signatures[copy_of], defects[copy_of]
+
+
+def first_copies(digests: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the first document of each distinct text, in document order; for each document, its
+    text's place in the first)."""
+    n = len(digests)
+    order = np.lexsort((np.arange(n), digests[:, 1], digests[:, 0]))  # by text, each text's copies in order
+    ordered = digests[order]
+    starts = np.ones(n, dtype=bool)
+    starts[1:] = np.any(ordered[1:] != ordered[:-1], axis=1)
+    text_of = np.empty(n, dtype=np.int64)
+    text_of[order] = np.cumsum(starts) - 1  # each document's text, in digest order
+    first_in_digest_order = order[starts]
+    by_position = np.argsort(first_in_digest_order)
+    place = np.empty_like(by_position)
+    place[by_position] = np.arange(by_position.size)
+    return first_in_digest_order[by_position], place[text_of]
