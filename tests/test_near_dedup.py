@@ -678,27 +678,74 @@ def test_a_band_part_gives_back_every_entrys_node_and_refuses_a_node_split_in_tw
         BandPart.of(hashes[:3], np.array([1, 2, 1], dtype=np.uint64), keys[:3])
 
 
-def test_a_node_table_spilled_to_a_file_gives_the_nodes_the_table_gives(tmp_path):
-    """Local runs fetch candidate pairs' nodes from a table whose signatures are in a file of
-    the spill directory: the edges attached are those of the table in memory."""
+def test_pairs_verified_from_node_tables_in_the_spill_directory_are_those_verified_from_fetched_nodes(tmp_path):
+    """Local runs write each node table to the spill directory and verify candidate pairs with
+    nodes read from there; other runners fetch both nodes of a pair through the runner
+    (FetchNodes, AttachNodes). Both give the same edges, near-copies, nodes and counts."""
+    from apache_beam.pvalue import TaggedOutput
+
     from transforms.records import Edges, Nodes
-    from transforms.tokenize.near_dedup import attach_nodes, spilled_table
+    from transforms.tokenize.near_dedup import (_pair_buckets, attach_nodes, read_nodes, verify_local_pairs,
+                                                verify_pairs, write_table)
 
     rng = np.random.default_rng(6)
-    n = 50
-    ids = (np.uint64(3) << np.uint64(32)) | np.arange(n, dtype=np.uint64)
-    table = Nodes(ids, rng.integers(0, 2**63, (n, 2), dtype=np.uint64), rng.integers(0, 2**40, n, dtype=np.uint64),
-                  rng.integers(0, 3, n).astype(np.int8), rng.integers(0, 2**16, (n, 64), dtype=np.uint16))
-    a, b = ids[rng.integers(0, n, 80)], (np.uint64(9) << np.uint64(32)) | rng.integers(0, 99, 80).astype(np.uint64)
-    requests = [Edges(a, b, np.zeros(a.size, dtype=bool))]
-    shard, spilled = spilled_table((3, table), str(tmp_path))
-    assert shard == 3 and spilled.signature_file.startswith(str(tmp_path))
+    k, shards, n = 64, 3, 40
+    base = rng.integers(0, 2**16 - 1, (4, k), dtype=np.uint16)
+    tables = {}
+    for shard in range(shards):
+        ids = (np.uint64(shard) << np.uint64(32)) | np.arange(n, dtype=np.uint64)
+        signatures = base[rng.integers(0, 4, n)].copy()
+        edits = rng.random((n, k)) < rng.uniform(0, 0.5, (n, 1))  # near-copies of 4 texts, and far ones
+        signatures[edits] = rng.integers(0, 2**16 - 1, int(edits.sum()), dtype=np.uint16)
+        tables[shard] = Nodes(ids, rng.integers(0, 2**63, (n, 2), dtype=np.uint64),
+                              rng.integers(0, 2**40, n, dtype=np.uint64), rng.integers(0, 3, n).astype(np.int8),
+                              signatures)
+        write_table(str(tmp_path), shard, tables[shard])
+    every = np.concatenate([t.ids for t in tables.values()])
+    pairs = {tuple(sorted(p)) for p in rng.choice(every, (300, 2)).tolist() if p[0] != p[1]}
+    a = np.array([p[0] for p in pairs], dtype=np.uint64)
+    b = np.array([p[1] for p in pairs], dtype=np.uint64)
 
-    def attached(t):
-        return [(k, e.a.tobytes(), e.b.tobytes(), e.nodes.signatures.tobytes(), e.nodes.ranks.tobytes())
-                for k, e in attach_nodes((3, {"tables": [t], "requests": requests}), 4)]
+    def outputs(results):
+        found = []
+        for item in results:
+            tag, value = (item.tag, item.value) if isinstance(item, TaggedOutput) else ("edges", item)
+            if tag == "counts":
+                found.append((tag, tuple(sorted(value.items()))))
+                continue
+            _, v = value
+            ends = (v.a.tolist(), v.b.tolist()) if hasattr(v, "a") else (v.ids.tolist(), v.signatures.tobytes())
+            found += [(tag, e) for e in zip(*ends)] if hasattr(v, "a") else [(tag, ends)]
+        return found
 
-    assert attached(spilled) == attached(table) and len(attached(table)) > 1
+    fetched = []
+    for shard, table in tables.items():
+        requests = []
+        for side, ends in ((False, a), (True, b)):
+            mine = (ends >> np.uint64(32)) == shard
+            requests.append(Edges(a[mine], b[mine], np.full(int(mine.sum()), side)))
+        fetched += list(attach_nodes((shard, {"tables": [table], "requests": requests}), 4))
+    through_runner = []
+    for bucket in {k for k, _ in fetched}:
+        through_runner += outputs(verify_pairs((bucket, [e for k, e in fetched if k == bucket]), 0.8))
+    local = []
+    buckets = _pair_buckets(a, b, 4)
+    for bucket in np.unique(buckets).tolist():
+        mine = buckets == bucket
+        local += outputs(verify_local_pairs((bucket, [Edges(a[mine], b[mine]), Edges(a[mine][:5], b[mine][:5])]),
+                                            0.8, str(tmp_path), k))
+    def totals(found):
+        summed = Counter()
+        for tag, value in found:
+            if tag == "counts":
+                summed.update(dict(value))
+        return summed
+
+    assert sorted(x for x in local if x[0] != "counts") == sorted(x for x in through_runner if x[0] != "counts")
+    assert totals(local) == totals(through_runner) and totals(local)["near_candidate_pairs"] == len(pairs)
+    assert any(t == "near" for t, _ in local) and any(t == "edges" for t, _ in local)
+    with pytest.raises(RuntimeError, match="does not hold"):
+        read_nodes(str(tmp_path), np.array([(1 << 32) | n], dtype=np.uint64), k)
 
 
 def test_which_pairs_a_crowded_band_compares_does_not_depend_on_node_ids():

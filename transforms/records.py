@@ -409,25 +409,6 @@ class Nodes:
 
 
 @dataclass
-class SpilledNodes:
-    """A node table whose signatures lie in a local file (local runs: the spill directory),
-    for the group that fetches the nodes of candidate pairs: the runner carries 33 bytes a
-    node instead of 545, and only the nodes asked for are read."""
-
-    ids: np.ndarray
-    digests: np.ndarray
-    ranks: np.ndarray
-    votes: np.ndarray
-    signature_file: str  # (nodes, hashes) uint16, the table's signatures in its order
-    hashes: int
-
-    def take(self, index) -> Nodes:
-        signatures = mapped_ids(self.signature_file, "uint16", self.ids.size * self.hashes)
-        return Nodes(self.ids[index], self.digests[index], self.ranks[index], self.votes[index],
-                     signatures.reshape(self.ids.size, self.hashes)[index])
-
-
-@dataclass
 class NodePart:
     """The signed documents of one TokenizedBatch that fall into one dedup shard (--dedup near):
     what their nodes are made of. Their signatures are in memory, or (local runs) rows of a
@@ -502,5 +483,5 @@ class NearDecisions:
     similarity: np.ndarray  # float32: their estimated Jaccard similarity (1 when it is kept)
 
 
-for _record in (Nodes, SpilledNodes, NodePart, BandPart, Edges, NearDecisions):
+for _record in (Nodes, NodePart, BandPart, Edges, NearDecisions):
     beam.coders.registry.register_coder(_record, RecordCoder)

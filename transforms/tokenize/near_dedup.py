@@ -53,6 +53,7 @@ Every step works on arrays of many nodes or edges at once, never element by elem
 """
 import hashlib
 import math
+import mmap
 import os
 import uuid
 from typing import NamedTuple
@@ -62,7 +63,7 @@ import numpy as np
 
 from transforms import hashing
 from transforms.read.inputs import input_index
-from transforms.records import BandPart, Edges, NearDecisions, NodePart, Nodes, SpilledNodes, TokenizedBatch
+from transforms.records import BandPart, Edges, NearDecisions, NodePart, Nodes, TokenizedBatch
 from transforms.segments import groups_of
 from transforms.tokenize import minhash, near_index
 from transforms.write_behind import WritesBehindWithSpillDir
@@ -202,24 +203,59 @@ def node_table(keyed_parts):
     yield shard, Nodes(ids, digests[first], ranks[first], votes, signatures)
 
 
-def spilled_table(keyed_table, spill_dir: str):
-    """(shard, Nodes) -> (shard, SpilledNodes): the table's signatures written to a file of the
-    spill directory named by its shard (a retried bundle writes the same bytes there)."""
-    shard, table = keyed_table
-    path = os.path.join(spill_dir, f"nodes-{shard:06d}.signatures")
-    write_whole(path, np.ascontiguousarray(table.signatures))
-    return shard, SpilledNodes(table.ids, table.digests, table.ranks, table.votes, path, table.signatures.shape[1])
+def node_table_file(spill_dir: str, shard: int) -> str:
+    """Where a local run keeps dedup shard `shard`'s node table (write_table)."""
+    return os.path.join(spill_dir, f"nodes-{shard:06d}.table")
+
+
+def _table_rows(hashes: int) -> np.dtype:
+    return np.dtype([("id", "<u8"), ("digest", "<u8", (2,)), ("rank", "<u8"), ("vote", "i1"), ("pad", "u1", (7,)),
+                     ("signature", "<u2", (hashes,))])
+
+
+def write_table(spill_dir: str, shard: int, table: Nodes) -> None:
+    """A node table as rows of a file in the spill directory, row i its node i (local runs: the
+    nodes of candidate pairs are read from there, not carried through the runner)."""
+    rows = np.zeros(table.ids.size, dtype=_table_rows(table.signatures.shape[1]))
+    rows["id"], rows["digest"], rows["rank"], rows["vote"], rows["signature"] = \
+        table.ids, table.digests, table.ranks, table.votes, table.signatures
+    write_whole(node_table_file(spill_dir, shard), rows)
+
+
+def read_nodes(spill_dir: str, ids: np.ndarray, hashes: int) -> Nodes:
+    """The nodes `ids`, in that order, from their tables' files (write_table)."""
+    row = _table_rows(hashes)
+    out = np.empty(ids.size, dtype=row)
+    for shard, members in groups_of(shard_of_node(ids)):
+        path = node_table_file(spill_dir, int(shard))
+        size = os.path.getsize(path)  # FileNotFoundError names the path
+        if size % row.itemsize:
+            raise RuntimeError(f"near-duplicate graph: node table {path} holds {size} bytes, not whole rows")
+        with open(path, "rb") as f:
+            table = np.frombuffer(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ), dtype=row) if size else out[:0]
+        wanted = (ids[members] & _ROW_MASK).astype(np.int64)
+        if wanted.size and wanted.max() >= table.size:
+            raise RuntimeError(f"near-duplicate graph: a pair names a node its table {path} does not hold")
+        out[members] = table[wanted]
+    if not np.array_equal(out["id"], ids):
+        raise RuntimeError("near-duplicate graph: a pair names a node its shard's table does not hold")
+    return Nodes(out["id"], out["digest"], out["rank"], out["vote"], out["signature"])
 
 
 # ---------------------------------------------------------------------------------------------
 # candidates
 
-def key_by_band(keyed_table, bands: int, rows: int, num_shards: int, against: bool = False):
+def key_by_band(keyed_table, bands: int, rows: int, num_shards: int, against: bool = False,
+                spill_dir: str | None = None):
     """(shard, node table) -> (band shard, BandPart) for each band shard its nodes' bands hit;
     tagged `keys`: (shard, near_index.NearKeys) of its nodes, the dedup index's near part, and
     with `against` (--dedup_against) tagged `bands`: (band shard, near_index.BandEntries).
-    One densification of the signatures serves both."""
+    One densification of the signatures serves both. With a spill directory (local runs),
+    the table is written there first (write_table), so a candidate pair's nodes are there
+    before any band part that finds it."""
     shard, table = keyed_table
+    if spill_dir is not None:
+        write_table(spill_dir, shard, table)
     dense = minhash.densified(table.signatures)
     hashes = minhash.hash_bands(dense, bands, rows).ravel()
     nodes, order_keys = np.repeat(table.ids, bands), np.repeat(table.digests[:, 0], bands)
@@ -230,10 +266,27 @@ def key_by_band(keyed_table, bands: int, rows: int, num_shards: int, against: bo
 
 
 def candidate_pairs(keyed_parts):
-    """(band shard, BandParts) -> requests for both nodes of each candidate pair: (dedup shard
-    of the node, Edges(a, b, b_side)), a < b. The nodes sharing a band hash are paired each
-    with each, up to HUBS of them; beyond, each of the others with the HUBS first by content
-    digest (not by node id: which pairs are compared must not depend on the shard count)."""
+    """(band shard, BandParts) -> requests for both nodes of each candidate pair (_candidates):
+    (dedup shard of the node, Edges(a, b, b_side)), a < b."""
+    a, b = _candidates(keyed_parts)
+    for side, ends in ((False, a), (True, b)):
+        for shard, members in groups_of(shard_of_node(ends)):
+            yield int(shard), Edges(a[members], b[members], np.full(members.size, side))
+
+
+def candidate_pairs_by_bucket(keyed_parts, num_shards: int):
+    """(band shard, BandParts) -> (pair bucket, Edges(a, b)): the candidate pairs (_candidates),
+    for verify_local_pairs (local runs, whose nodes are in the spill directory)."""
+    a, b = _candidates(keyed_parts)
+    for bucket, members in groups_of(_pair_buckets(a, b, num_shards)):
+        yield int(bucket), Edges(a[members], b[members])
+
+
+def _candidates(keyed_parts) -> tuple[np.ndarray, np.ndarray]:
+    """(a, b), a < b, distinct: the candidate pairs of a band shard's parts. The nodes sharing
+    a band hash are paired each with each, up to HUBS of them; beyond, each of the others with
+    the HUBS first by content digest (not by node id: which pairs are compared must not
+    depend on the shard count)."""
     _, parts = keyed_parts
     parts = list(parts)
     hashes = np.concatenate([p.hashes for p in parts])
@@ -258,10 +311,7 @@ def candidate_pairs(keyed_parts):
     b = np.repeat(nodes, partners)
     a, b = np.minimum(a, b), np.maximum(a, b)
     unique = _sorted_unique(a, b)
-    a, b = a[unique], b[unique]
-    for side, ends in ((False, a), (True, b)):
-        for shard, members in groups_of(shard_of_node(ends)):
-            yield int(shard), Edges(a[members], b[members], np.full(members.size, side))
+    return a[unique], b[unique]
 
 
 def _maybe_shared(hashes: np.ndarray) -> np.ndarray:
@@ -281,8 +331,7 @@ def _pair_buckets(a: np.ndarray, b: np.ndarray, num_shards: int) -> np.ndarray:
 
 
 def attach_nodes(keyed, num_shards: int):
-    """(dedup shard, {tables: Nodes or SpilledNodes, requests}) -> (pair bucket, Edges(a, b,
-    b_side, the node asked for))."""
+    """(dedup shard, {tables, requests}) -> (pair bucket, Edges(a, b, b_side, the node asked for))."""
     _, grouped = keyed
     requests = list(grouped["requests"])
     if not requests:
@@ -320,8 +369,19 @@ def verify_pairs(keyed_halves, threshold: float):
     if (a_half.size != b_half.size or not np.array_equal(a[a_half], a[b_half])
             or not np.array_equal(b[a_half], b[b_half]) or b_side[a_half].any() or not b_side[b_half].all()):
         raise RuntimeError("near-duplicate graph: a candidate pair arrived without both of its nodes")
-    first, second = nodes.take(a_half), nodes.take(b_half)
-    a, b = a[a_half], b[a_half]
+    yield from _verified(a[a_half], b[a_half], nodes.take(a_half), nodes.take(b_half), threshold)
+
+
+def verify_local_pairs(keyed_pairs, threshold: float, spill_dir: str, hashes: int):
+    """(pair bucket, Edges(a, b)) -> what verify_pairs gives, the pairs' nodes read from their
+    tables in the spill directory (local runs)."""
+    _, parts = keyed_pairs
+    a, b = _edges_of(parts)  # a pair found in several band shards: once
+    yield from _verified(a, b, read_nodes(spill_dir, a, hashes), read_nodes(spill_dir, b, hashes), threshold)
+
+
+def _verified(a: np.ndarray, b: np.ndarray, first: Nodes, second: Nodes, threshold: float):
+    """verify_pairs' outputs for the distinct candidate pairs (a, b) and their nodes."""
     same, filled = minhash.agreement(first.signatures, second.signatures)
     near = same >= needed_agreement(threshold - verification_margin(threshold, filled, first.signatures.shape[1]),
                                     filled)
@@ -649,7 +709,8 @@ class FindNearDuplicates(beam.PTransform):
             | "GroupCopies" >> beam.GroupByKey()
             | "NodeTables" >> beam.FlatMap(node_table).with_output_types(tuple[int, Nodes])
         )
-        keyed = tables | "KeyByBand" >> beam.FlatMap(key_by_band, s.bands, s.rows, n, self._earlier is not None) \
+        keyed = tables | "KeyByBand" >> beam.FlatMap(key_by_band, s.bands, s.rows, n, self._earlier is not None,
+                                                     self._spill_dir) \
             .with_outputs(near_index.KEYS, near_index.BANDS, main="parts")
         held = None
         if self._earlier is not None:
@@ -660,24 +721,25 @@ class FindNearDuplicates(beam.PTransform):
                 | "MatchEarlier" >> beam.FlatMap(
                     near_index.match_earlier, needed, near_index.sketch_bits(s.hashes))
             )
-        requests = (
-            keyed.parts
-            | "GroupByBand" >> beam.GroupByKey()
-            | "CandidatePairs" >> beam.FlatMap(candidate_pairs).with_output_types(tuple[int, Edges])
-        )
-        if self._spill_dir is not None:  # local runs: the signatures stay on this machine's disk
-            fetched = tables | "SpillSignatures" >> beam.Map(spilled_table, self._spill_dir) \
-                .with_output_types(tuple[int, SpilledNodes])
+        bands = keyed.parts | "GroupByBand" >> beam.GroupByKey()
+        if self._spill_dir is not None:  # local runs: both nodes of a pair are read from the spill directory
+            verified = (
+                bands
+                | "CandidatePairs" >> beam.FlatMap(candidate_pairs_by_bucket, n).with_output_types(tuple[int, Edges])
+                | "GroupPairs" >> beam.GroupByKey()
+                | "VerifyPairs" >> beam.FlatMap(verify_local_pairs, self._threshold, self._spill_dir, s.hashes)
+                .with_outputs(NEAR, NODES, COUNTS, main="edges")
+            )
         else:
-            fetched = tables
-        verified = (
-            {"tables": fetched, "requests": requests}
-            | "FetchNodes" >> beam.CoGroupByKey()
-            | "AttachNodes" >> beam.FlatMap(attach_nodes, n).with_output_types(tuple[int, Edges])
-            | "GroupPairs" >> beam.GroupByKey()
-            | "VerifyPairs" >> beam.FlatMap(verify_pairs, self._threshold)
-            .with_outputs(NEAR, NODES, COUNTS, main="edges")
-        )
+            requests = bands | "CandidatePairs" >> beam.FlatMap(candidate_pairs).with_output_types(tuple[int, Edges])
+            verified = (
+                {"tables": tables, "requests": requests}
+                | "FetchNodes" >> beam.CoGroupByKey()
+                | "AttachNodes" >> beam.FlatMap(attach_nodes, n).with_output_types(tuple[int, Edges])
+                | "GroupPairs" >> beam.GroupByKey()
+                | "VerifyPairs" >> beam.FlatMap(verify_pairs, self._threshold)
+                .with_outputs(NEAR, NODES, COUNTS, main="edges")
+            )
         edges = verified.edges
         for r in range(self._rounds):
             edges = (
