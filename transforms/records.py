@@ -438,10 +438,11 @@ class BandPart:
     node's entries together, its id and order key once. (With both per entry, 24 bytes, the
     parts of 107k short documents were 80 MB, encoded, grouped and decoded by the runner.)"""
 
-    hashes: np.ndarray  # uint64, one per entry
+    hashes: np.ndarray | None  # uint64, one per entry; None when they are in `hashes_file`
     nodes: np.ndarray  # uint64 node ids, one per node
     order_keys: np.ndarray  # uint64: the first half of each node's content digest
     counts: np.ndarray  # uint16: the node's entries, which come in that order
+    hashes_file: str | None = None  # local runs: a file of the hashes (8 bytes an entry), in the spill directory
 
     @classmethod
     def of(cls, hashes: np.ndarray, nodes: np.ndarray, order_keys: np.ndarray) -> "BandPart":
@@ -452,6 +453,11 @@ class BandPart:
         if counts.size and not np.array_equal(np.unique(nodes[starts]), np.sort(nodes[starts])):
             raise ValueError("a band part's entries of one node are not together")
         return cls(hashes, nodes[starts], order_keys[starts], counts)
+
+    def band_hashes(self) -> np.ndarray:
+        if self.hashes_file is None:
+            return self.hashes
+        return mapped_ids(self.hashes_file, "uint64", int(self.counts.sum(dtype=np.int64)))
 
     def entry_nodes(self) -> np.ndarray:
         return np.repeat(self.nodes, self.counts)

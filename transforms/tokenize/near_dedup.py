@@ -51,6 +51,7 @@ near-copies), else train.
 
 Every step works on arrays of many nodes or edges at once, never element by element.
 """
+import dataclasses
 import hashlib
 import math
 import mmap
@@ -252,7 +253,7 @@ def key_by_band(keyed_table, bands: int, rows: int, num_shards: int, against: bo
     with `against` (--dedup_against) tagged `bands`: (band shard, near_index.BandEntries).
     One densification of the signatures serves both. With a spill directory (local runs),
     the table is written there first (write_table), so a candidate pair's nodes are there
-    before any band part that finds it."""
+    before any band part that finds it, and each band part's hashes are written there too."""
     shard, table = keyed_table
     if spill_dir is not None:
         write_table(spill_dir, shard, table)
@@ -260,7 +261,12 @@ def key_by_band(keyed_table, bands: int, rows: int, num_shards: int, against: bo
     hashes = minhash.hash_bands(dense, bands, rows).ravel()
     nodes, order_keys = np.repeat(table.ids, bands), np.repeat(table.digests[:, 0], bands)
     for band_shard, members in groups_of(hashing.shard_of(hashes, num_shards)):
-        yield int(band_shard), BandPart.of(hashes[members], nodes[members], order_keys[members])
+        part = BandPart.of(hashes[members], nodes[members], order_keys[members])
+        if spill_dir is not None:  # the runner carries the part's nodes only, not 8 bytes per node and band
+            path = os.path.join(spill_dir, f"bands-{shard:06d}-{int(band_shard):06d}.hashes")
+            write_whole(path, part.hashes)
+            part = dataclasses.replace(part, hashes=None, hashes_file=path)
+        yield int(band_shard), part
     for tag, keyed in near_index.table_keys(shard, table, dense, num_shards, against):
         yield beam.pvalue.TaggedOutput(tag, keyed)
 
@@ -289,7 +295,7 @@ def _candidates(keyed_parts) -> tuple[np.ndarray, np.ndarray]:
     depend on the shard count)."""
     _, parts = keyed_parts
     parts = list(parts)
-    hashes = np.concatenate([p.hashes for p in parts])
+    hashes = np.concatenate([p.band_hashes() for p in parts])
     maybe = _maybe_shared(hashes)
     order = maybe[np.argsort(hashes[maybe])]  # not stable (2x faster): the order within a run is set below, by value
     hashes = hashes[order]
