@@ -660,9 +660,9 @@ def test_components_converge_by_stars_and_union_find_agrees():
 
 
 def test_a_band_part_gives_back_every_entrys_node_and_refuses_a_node_split_in_two():
-    """A BandPart holds each node once, with its count of entries: what it gives back per entry
-    is what it was made of; a node whose entries are not together would be given back wrong,
-    so it is refused."""
+    """A BandPart holds each node once, with its count of entries, when that is smaller: what it
+    gives back per entry is what it was made of either way; a node whose entries are not
+    together would be given back wrong, so it is refused."""
     from transforms.records import BandPart
 
     rng = np.random.default_rng(8)
@@ -673,7 +673,12 @@ def test_a_band_part_gives_back_every_entrys_node_and_refuses_a_node_split_in_tw
     part = BandPart.of(hashes, nodes, keys)
     assert part.nodes.size == 500
     assert np.array_equal(part.entry_nodes(), nodes) and np.array_equal(part.entry_order_keys(), keys)
-    assert np.array_equal(part.hashes, hashes)
+    assert np.array_equal(part.hashes, hashes) and part.entries == nodes.size
+    # A node's bands spread over many shards: an entry each, held per entry (no smaller held once).
+    once = np.flatnonzero(np.concatenate([[True], nodes[1:] != nodes[:-1]]))
+    spread = BandPart.of(hashes[once], nodes[once], keys[once])
+    assert spread.counts is None and spread.entries == 500
+    assert np.array_equal(spread.entry_nodes(), nodes[once]) and np.array_equal(spread.entry_order_keys(), keys[once])
     with pytest.raises(ValueError, match="not together"):
         BandPart.of(hashes[:3], np.array([1, 2, 1], dtype=np.uint64), keys[:3])
 

@@ -434,36 +434,44 @@ class NodePart:
 
 @dataclass
 class BandPart:
-    """Band hashes of nodes (one entry per node and band) that fall into one band shard: each
-    node's entries together, its id and order key once. (With both per entry, 24 bytes, the
-    parts of 107k short documents were 80 MB, encoded, grouped and decoded by the runner.)"""
+    """Band hashes of nodes (one entry per node and band) that fall into one band shard. When
+    a node has several entries in the part (few band shards: a local run's), its entries are
+    together and its id and order key are held once, with their count; else (a node's bands
+    spread over many shards) once per entry, `counts` None. (With both per entry, 24 bytes,
+    the parts of 107k short documents in 4 shards were 80 MB, encoded, grouped and decoded
+    by the runner.)"""
 
     hashes: np.ndarray | None  # uint64, one per entry; None when they are in `hashes_file`
-    nodes: np.ndarray  # uint64 node ids, one per node
-    order_keys: np.ndarray  # uint64: the first half of each node's content digest
-    counts: np.ndarray  # uint16: the node's entries, which come in that order
+    nodes: np.ndarray  # uint64 node ids, one per node (or per entry)
+    order_keys: np.ndarray  # uint64: the first half of each node's content digest, likewise
+    counts: np.ndarray | None  # uint16: each node's entries, which come in that order; None: one each
     hashes_file: str | None = None  # local runs: a file of the hashes (8 bytes an entry), in the spill directory
 
     @classmethod
     def of(cls, hashes: np.ndarray, nodes: np.ndarray, order_keys: np.ndarray) -> "BandPart":
-        """The part of entries (hashes, nodes, order_keys: one each per entry) whose entries of
-        one node are together."""
+        """The part of entries (hashes, nodes, order_keys: one each per entry), whose entries
+        of one node are together."""
         starts = np.flatnonzero(np.concatenate([[True], nodes[1:] != nodes[:-1]])) if nodes.size else np.empty(0, int)
-        counts = np.diff(np.append(starts, nodes.size)).astype(np.uint16)
-        if counts.size and not np.array_equal(np.unique(nodes[starts]), np.sort(nodes[starts])):
+        if starts.size and not np.array_equal(np.unique(nodes[starts]), np.sort(nodes[starts])):
             raise ValueError("a band part's entries of one node are not together")
-        return cls(hashes, nodes[starts], order_keys[starts], counts)
+        if starts.size * 18 >= nodes.size * 16:  # a node's id, key and count cost more than its entries' ids and keys
+            return cls(hashes, nodes, order_keys, None)
+        return cls(hashes, nodes[starts], order_keys[starts], np.diff(np.append(starts, nodes.size)).astype(np.uint16))
+
+    @property
+    def entries(self) -> int:
+        return self.nodes.size if self.counts is None else int(self.counts.sum(dtype=np.int64))
 
     def band_hashes(self) -> np.ndarray:
         if self.hashes_file is None:
             return self.hashes
-        return mapped_ids(self.hashes_file, "uint64", int(self.counts.sum(dtype=np.int64)))
+        return mapped_ids(self.hashes_file, "uint64", self.entries)
 
     def entry_nodes(self) -> np.ndarray:
-        return np.repeat(self.nodes, self.counts)
+        return self.nodes if self.counts is None else np.repeat(self.nodes, self.counts)
 
     def entry_order_keys(self) -> np.ndarray:
-        return np.repeat(self.order_keys, self.counts)
+        return self.order_keys if self.counts is None else np.repeat(self.order_keys, self.counts)
 
 
 @dataclass
