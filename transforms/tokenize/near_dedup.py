@@ -13,7 +13,9 @@ Nodes. A node is a distinct text (its copies merged, as exact dedup merges them)
 unique and a pure function of the input. Documents without a signature (fewer words than the
 shingle size) are not nodes. On local runs a node part names rows of its batch's signature
 file in the spill directory rather than carrying 512 bytes per copy through the runner, and
-the node tables that candidate pairs fetch from name a file of their signatures there too.
+KeyByBand writes the node tables and each band part's hashes there too: the runner carries
+node ids, and VerifyPairs reads a candidate pair's two nodes from the tables (every worker
+process of a local run reads the same disk; other runners fetch both nodes through it).
 
 Candidates. The nodes that share a band hash (of their densified signatures: minhash.py)
 are candidate pairs, each with each; a band shared by more than HUBS nodes pairs each with

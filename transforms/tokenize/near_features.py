@@ -10,7 +10,8 @@ lookup; nothing the job writes depends on what the memo held. The memo is one pe
 process, shared by its threads (apache_beam.utils.shared), and bounded: MEMO_BYTES of
 signatures, the oldest dropped first.
 
-On local runs the worker processes of a machine share one memo instead (SharedFeatureMemo):
+On local runs with several worker processes (pipeline/graph.py passes the spill directory
+then; one process keeps the memo in memory) they share one memo instead (SharedFeatureMemo):
 a file of rows in the run's spill directory, mapped by every process, so a text costs one
 computation a machine, not one a process (with two processes, the 5x benchmark corpus
 computed 40% of its documents' features with a memo per process). Processes write rows
@@ -32,6 +33,7 @@ from transforms.tokenize.copy_defects import copy_defects
 MEMO_BYTES = 32 << 20  # 65,536 texts' signatures at the default 256 bins
 SHARED_MEMO_BYTES = 64 << 20  # the shared memo's file: 123,361 rows at the default 256 bins
 WAYS = 4  # the rows a text may be in (a set): a new text takes one of its set's empty rows first
+PIECE_BYTES = 1 << 20  # text whose features are computed at once (pieces)
 
 
 class FeatureMemo:
@@ -169,9 +171,6 @@ def computed(settings: minhash.MinHashSettings, texts: list[str], encoded: list[
     if not signatures:
         return np.empty((0, settings.hashes), dtype=np.uint16), np.empty(0, dtype=np.uint16)
     return np.concatenate(signatures), np.concatenate(defects)
-
-
-PIECE_BYTES = 1 << 20
 
 
 def pieces(encoded: list[bytes], size: int | None = None) -> list[tuple[int, int]]:
