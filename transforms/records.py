@@ -452,7 +452,7 @@ class BandPart:
         """The part of entries (hashes, nodes, order_keys: one each per entry), whose entries
         of one node are together."""
         starts = np.flatnonzero(np.concatenate([[True], nodes[1:] != nodes[:-1]])) if nodes.size else np.empty(0, int)
-        if starts.size and not np.array_equal(np.unique(nodes[starts]), np.sort(nodes[starts])):
+        if np.unique(nodes[starts]).size != starts.size:
             raise ValueError("a band part's entries of one node are not together")
         if starts.size * 18 >= nodes.size * 16:  # a node's id, key and count cost more than its entries' ids and keys
             return cls(hashes, nodes, order_keys, None)

@@ -56,7 +56,6 @@ Every step works on arrays of many nodes or edges at once, never element by elem
 import dataclasses
 import hashlib
 import math
-import mmap
 import os
 import uuid
 from typing import NamedTuple
@@ -66,7 +65,7 @@ import numpy as np
 
 from transforms import hashing
 from transforms.read.inputs import input_index
-from transforms.records import BandPart, Edges, NearDecisions, NodePart, Nodes, TokenizedBatch
+from transforms.records import BandPart, Edges, NearDecisions, NodePart, Nodes, TokenizedBatch, mapped_ids
 from transforms.segments import groups_of
 from transforms.tokenize import minhash, near_index
 from transforms.write_behind import WritesBehindWithSpillDir
@@ -231,11 +230,10 @@ def read_nodes(spill_dir: str, ids: np.ndarray, hashes: int) -> Nodes:
     out = np.empty(ids.size, dtype=row)
     for shard, members in groups_of(shard_of_node(ids)):
         path = node_table_file(spill_dir, int(shard))
-        size = os.path.getsize(path)  # FileNotFoundError names the path
-        if size % row.itemsize:
-            raise RuntimeError(f"near-duplicate graph: node table {path} holds {size} bytes, not whole rows")
-        with open(path, "rb") as f:
-            table = np.frombuffer(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ), dtype=row) if size else out[:0]
+        rows, rest = divmod(os.path.getsize(path), row.itemsize)  # FileNotFoundError names the path
+        if rest:
+            raise RuntimeError(f"near-duplicate graph: node table {path} does not hold whole rows")
+        table = mapped_ids(path, row, rows)
         wanted = (ids[members] & _ROW_MASK).astype(np.int64)
         if wanted.size and wanted.max() >= table.size:
             raise RuntimeError(f"near-duplicate graph: a pair names a node its table {path} does not hold")
