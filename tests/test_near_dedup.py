@@ -753,6 +753,32 @@ def test_pairs_verified_from_node_tables_in_the_spill_directory_are_those_verifi
         read_nodes(str(tmp_path), np.array([(1 << 32) | n], dtype=np.uint64), k)
 
 
+def test_a_near_copy_is_linked_even_where_its_margin_exceeds_the_link_margin():
+    """--near_hashes 64, --near_threshold 0.5: a pair agreeing on 24 of its 64 filled bins is a
+    near-copy (within VERIFY_Z deviations of the threshold: 0.125) but under threshold -
+    LINK_MARGIN. It is linked all the same, so its texts meet in one component (before, its
+    nodes were not sent on to the components, and its removal was lost)."""
+    from apache_beam.pvalue import TaggedOutput
+
+    from transforms.records import Nodes
+    from transforms.tokenize.near_dedup import _verified, pair_links
+
+    rng = np.random.default_rng(3)
+    k = 64
+    signatures = rng.choice(2**16 - 1, (2, k), replace=False).astype(np.uint16)
+    signatures[1, :24] = signatures[0, :24]
+    ids = np.arange(2, dtype=np.uint64)
+    nodes = Nodes(ids, np.array([[1, 1], [2, 2]], dtype=np.uint64), np.array([5, 9], dtype=np.uint64),
+                  np.zeros(2, np.int8), signatures)
+    near, linked = pair_links(nodes.take([0]), nodes.take([1]), 0.5)
+    assert near.tolist() == [True] and linked.tolist() == [True]
+    outputs = list(_verified(ids[:1], ids[1:], nodes.take([0]), nodes.take([1]), 0.5))
+    edges = [o for o in outputs if not isinstance(o, TaggedOutput)]
+    sent = {o.tag: o.value for o in outputs if isinstance(o, TaggedOutput)}
+    assert sorted((e.a.tolist(), e.b.tolist()) for _, e in edges) == [([0], [1]), ([1], [0])]
+    assert sent["nodes"][1].ids.tolist() == [0, 1] and sent["counts"]["near_linked_pairs"] == 1
+
+
 def test_which_pairs_a_crowded_band_compares_does_not_depend_on_node_ids():
     """A band shared by more nodes than are paired each with each (30 here): the pairs come
     from the nodes' content, not their ids, which change with the number of shards."""

@@ -27,9 +27,9 @@ margin) * m) of the m bins filled in either (minhash.agreement: the one-permutat
 of their Jaccard similarity; the margin, VERIFY_Z standard deviations of that estimate at the
 threshold, keeps the pairs just above the threshold: verification_margin); an integer test
 (the margin rounded to 6 decimals first), the same everywhere. Exact Jaccard would need both documents' shingles at the pair, a second shuffle
-of the corpus's tokens. A pair at threshold - LINK_MARGIN or more is *linked*: its texts go
-to one split, so a near-copy that the estimate put just below the threshold (and that is
-therefore kept) still cannot land across train and validation.
+of the corpus's tokens. A pair at threshold - LINK_MARGIN or more, or a near-copy, is
+*linked*: its texts go to one split, so a near-copy that the estimate put just below the
+threshold (and that is therefore kept) still cannot land across train and validation.
 
 Components. Large-star and small-star steps alternate (Kiveris et al., "Connected Components
 in MapReduce and Beyond", SoCC 2014), each a group-by of edge arrays keyed by node shard:
@@ -388,10 +388,7 @@ def verify_local_pairs(keyed_pairs, threshold: float, spill_dir: str, hashes: in
 
 def _verified(a: np.ndarray, b: np.ndarray, first: Nodes, second: Nodes, threshold: float):
     """verify_pairs' outputs for the distinct candidate pairs (a, b) and their nodes."""
-    same, filled = minhash.agreement(first.signatures, second.signatures)
-    near = same >= needed_agreement(threshold - verification_margin(threshold, filled, first.signatures.shape[1]),
-                                    filled)
-    linked = same >= needed_agreement(max(threshold - LINK_MARGIN, 0.0), filled)
+    near, linked = pair_links(first, second, threshold)
     yield from _keyed_by_node(a[linked], b[linked])
     yield from _keyed_by_node(b[linked], a[linked])
     for shard, members in groups_of(shard_of_node(a[near])):
@@ -403,6 +400,17 @@ def _verified(a: np.ndarray, b: np.ndarray, first: Nodes, second: Nodes, thresho
             yield beam.pvalue.TaggedOutput(NODES, (int(shard), once.take(members)))
     yield beam.pvalue.TaggedOutput(COUNTS, {CANDIDATE_PAIRS: int(a.size), VERIFIED_PAIRS: int(np.count_nonzero(near)),
                                             LINKED_PAIRS: int(np.count_nonzero(linked))})
+
+
+def pair_links(first: Nodes, second: Nodes, threshold: float) -> tuple[np.ndarray, np.ndarray]:
+    """(near-copy, linked) for each pair of nodes (first[i], second[i]), by their signatures'
+    agreement. Every near-copy is linked: its texts meet in one component, though its margin
+    may exceed LINK_MARGIN (--near_hashes 64: VERIFY_Z deviations of a 64-bin estimate reach
+    0.125)."""
+    same, filled = minhash.agreement(first.signatures, second.signatures)
+    near = same >= needed_agreement(threshold - verification_margin(threshold, filled, first.signatures.shape[1]),
+                                    filled)
+    return near, near | (same >= needed_agreement(max(threshold - LINK_MARGIN, 0.0), filled))
 
 
 VERIFY_Z = 2.0  # standard deviations of the estimate below the threshold that a near-copy may lie
