@@ -686,7 +686,7 @@ def test_a_band_part_gives_back_every_entrys_node_and_refuses_a_node_split_in_tw
 def test_pairs_verified_from_node_tables_in_the_spill_directory_are_those_verified_from_fetched_nodes(tmp_path):
     """Local runs write each node table to the spill directory and verify candidate pairs with
     nodes read from there; other runners fetch both nodes of a pair through the runner
-    (FetchNodes, AttachNodes). Both give the same edges, near-copies, nodes and counts."""
+    (FetchNodes, AttachNodes). Both find the same linked pairs, near-copies and counts."""
     from apache_beam.pvalue import TaggedOutput
 
     from transforms.records import Edges, Nodes
@@ -719,8 +719,13 @@ def test_pairs_verified_from_node_tables_in_the_spill_directory_are_those_verifi
                 found.append((tag, tuple(sorted(value.items()))))
                 continue
             _, v = value
-            ends = (v.a.tolist(), v.b.tolist()) if hasattr(v, "a") else (v.ids.tolist(), v.signatures.tobytes())
-            found += [(tag, e) for e in zip(*ends)] if hasattr(v, "a") else [(tag, ends)]
+            if hasattr(v, "near"):  # local runs: the linked pairs, which are near-copies
+                found += [("edges", e) for e in zip(v.a.tolist(), v.b.tolist())]
+                found += [("near", e) for e in zip(v.a[v.near].tolist(), v.b[v.near].tolist())]
+            elif hasattr(v, "a"):  # other runners: linked pairs both ways, near-copies
+                found += [(tag, e) for e in zip(v.a.tolist(), v.b.tolist()) if tag != "edges" or e[0] < e[1]]
+            else:
+                found += [(tag, i) for i in v.ids.tolist()]
         return found
 
     fetched = []
@@ -746,22 +751,147 @@ def test_pairs_verified_from_node_tables_in_the_spill_directory_are_those_verifi
                 summed.update(dict(value))
         return summed
 
-    assert sorted(x for x in local if x[0] != "counts") == sorted(x for x in through_runner if x[0] != "counts")
+    def pairs_of(found, tag):
+        return sorted(e for t, e in found if t == tag)
+
+    assert pairs_of(local, "edges") == pairs_of(through_runner, "edges")
+    assert pairs_of(local, "near") == pairs_of(through_runner, "near")
+    # Other runners carry the linked pairs' nodes on; local runs read them at decide_at_once.
+    assert sorted(set(pairs_of(through_runner, "nodes"))) == sorted({n for e in pairs_of(local, "edges") for n in e})
     assert totals(local) == totals(through_runner) and totals(local)["near_candidate_pairs"] == len(pairs)
-    assert any(t == "near" for t, _ in local) and any(t == "edges" for t, _ in local)
+    assert pairs_of(local, "near") and pairs_of(local, "edges")
     with pytest.raises(RuntimeError, match="does not hold"):
         read_nodes(str(tmp_path), np.array([(1 << 32) | n], dtype=np.uint64), k)
 
 
-def test_a_near_copy_is_linked_even_where_its_margin_exceeds_the_link_margin():
-    """--near_hashes 64, --near_threshold 0.5: a pair agreeing on 24 of its 64 filled bins is a
-    near-copy (within VERIFY_Z deviations of the threshold: 0.125) but under threshold -
-    LINK_MARGIN. It is linked all the same, so its texts meet in one component (before, its
-    nodes were not sent on to the components, and its removal was lost)."""
+def _graph_by_shard(a, b, first, second, held, rounds):
+    """What the near graph decides from verified pairs on runners other than local ones: every
+    step run key by key, as a runner groups its input (FindNearDuplicates._decide_by_shard)."""
     from apache_beam.pvalue import TaggedOutput
 
-    from transforms.records import Nodes
-    from transforms.tokenize.near_dedup import _verified, pair_links
+    from transforms.tokenize import near_dedup as nd
+
+    def run(step, keyed, *args):
+        groups = defaultdict(list) if not isinstance(keyed, dict) else defaultdict(lambda: {t: [] for t in keyed})
+        for tag, items in (keyed.items() if isinstance(keyed, dict) else [(None, keyed)]):
+            for key, value in items:
+                (groups[key] if tag is None else groups[key][tag]).append(value)
+        main, tagged = [], defaultdict(list)
+        for key in sorted(groups):
+            for out in step((key, groups[key]), *args):
+                if isinstance(out, TaggedOutput):
+                    tagged[out.tag].append(out.value)
+                else:
+                    main.append(out)
+        return main, tagged
+
+    edges, verified = [], defaultdict(list)
+    for out in nd._verified(a, b, first, second, THRESHOLD):
+        (verified[out.tag].append(out.value) if isinstance(out, TaggedOutput) else edges.append(out))
+    for _ in range(rounds):
+        edges = run(nd.small_star, run(nd.large_star, edges)[0])[0]
+    _, checked = run(nd.check_stars, run(nd.star_edges, edges)[0])
+    roots, finished = run(nd.finish_residual, checked[nd.RESIDUAL])
+    labels, _ = run(nd.relabel, {nd.STARS: checked[nd.STARS], "roots": roots})
+    members, labelled = run(nd.label_nodes, {"edges": labels, nd.NODES: verified[nd.NODES], nd.NEAR: verified[nd.NEAR],
+                                             nd.HELD: held})
+    decisions, chosen = run(nd.choose_kept, {"members": members, nd.NEAR: labelled[nd.NEAR],
+                                             nd.HELD: labelled[nd.HELD]}, THRESHOLD, 3, 0.2)
+    return decisions, verified[nd.COUNTS] + finished[nd.COUNTS] + chosen[nd.COUNTS]
+
+
+def _decided(decisions) -> tuple[list, Counter]:
+    """Decisions as sorted rows, whatever parts they came in, and the summed counts."""
+    from apache_beam.pvalue import TaggedOutput
+
+    rows, counts = [], Counter()
+    for out in decisions:
+        if isinstance(out, TaggedOutput):
+            counts.update(out.value)
+            continue
+        shard, d = out
+        rows += [(shard, *x) for x in zip(map(tuple, d.digests.tolist()), d.removed.tolist(), d.splits.tolist(),
+                                           map(tuple, d.kept.tolist()), d.similarity.tolist())]
+    return sorted(rows), counts
+
+
+@pytest.mark.parametrize("rounds", [4, 1])
+def test_local_runs_decide_the_graph_at_once_as_other_runners_decide_it_by_shard(tmp_path, rounds):
+    """Local runs take the verified pairs of every bucket on one worker and run the graph's steps
+    on all of them at once (decide_at_once); other runners run each step shard by shard. Both
+    give the same decisions and counts: with the components converged after 4 rounds and not
+    after 1 (long chains: the unconverged edges are finished by union-find, and counted the
+    same), with texts that earlier datasets hold (--dedup_against)."""
+    from apache_beam.pvalue import TaggedOutput
+
+    from transforms.records import Nodes, VerifiedPairs
+    from transforms.tokenize.near_dedup import _pair_counts, decide_at_once, pair_links, read_nodes, write_table
+    from transforms.tokenize.near_index import HeldNear
+
+    rng = np.random.default_rng(rounds)
+    k, shards, n = 64, 3, 60
+    tables = {}
+    for shard in range(shards):
+        ids = (np.uint64(shard) << np.uint64(32)) | np.arange(n, dtype=np.uint64)
+        # Chains: each node a near-copy of the one before it in its chain, far from the chain's start.
+        signatures = np.empty((n, k), dtype=np.uint16)
+        for start in range(0, n, 15):
+            signatures[start] = rng.integers(0, 2**16 - 1, k, dtype=np.uint16)
+            for i in range(start + 1, min(start + 15, n)):
+                signatures[i] = signatures[i - 1]
+                edits = rng.random(k) < 0.08
+                signatures[i][edits] = rng.integers(0, 2**16 - 1, int(edits.sum()), dtype=np.uint16)
+        tables[shard] = Nodes(ids, rng.integers(0, 2**63, (n, 2), dtype=np.uint64),
+                              rng.integers(0, 2**40, n, dtype=np.uint64), rng.integers(0, 3, n).astype(np.int8),
+                              signatures)
+        write_table(str(tmp_path), shard, tables[shard])
+    every = np.concatenate([t.ids for t in tables.values()])
+    mixed = rng.permutation(every.size)  # chains across shards
+    chained = [(every[mixed[i]], every[mixed[i + 1]]) for i in range(every.size - 1) if i % 15 != 14]
+    pairs = sorted({tuple(sorted(p)) for p in chained + rng.choice(every, (200, 2)).tolist() if p[0] != p[1]})
+    a = np.array([p[0] for p in pairs], dtype=np.uint64)
+    b = np.array([p[1] for p in pairs], dtype=np.uint64)
+    signatures = np.concatenate([t.signatures for t in tables.values()])
+    by_chain = np.empty((every.size, k), dtype=np.uint16)
+    for i, j in enumerate(mixed):  # the permuted chains' signatures: node mixed[i] takes chain place i
+        by_chain[j] = signatures[i]
+    for shard, table in tables.items():
+        table.signatures[:] = by_chain[shard * n:(shard + 1) * n]
+        write_table(str(tmp_path), shard, table)
+    first, second = read_nodes(str(tmp_path), a, k), read_nodes(str(tmp_path), b, k)
+    some = rng.choice(every, 10, replace=False)
+    held = [(int(shard), HeldNear(ids, np.zeros((ids.size, 2), np.uint64), np.zeros(ids.size, np.int32),
+                                  np.zeros((ids.size, 2), np.uint64), np.ones(ids.size, np.float32)))
+            for shard in range(shards) for ids in [np.sort(some[(some >> np.uint64(32)) == shard])] if ids.size]
+
+    by_shard, by_shard_counts = _graph_by_shard(a, b, first, second, held, rounds)
+    near, linked = pair_links(first, second, THRESHOLD)
+    buckets = rng.integers(0, 4, a.size)
+    parts = [VerifiedPairs(a[m], b[m], near[m]) for m in (buckets == i for i in range(4)) for m in [m & linked]]
+    at_once = list(decide_at_once((0, {"pairs": parts, "held": [h for _, h in held]}), THRESHOLD, 3, 0.2, rounds,
+                                  str(tmp_path), k))
+    at_once.append(TaggedOutput("counts", _pair_counts(near, linked)))
+    rows, counts = _decided(at_once)
+    expected_rows, _ = _decided(by_shard)
+    expected_counts = Counter()
+    for c in by_shard_counts:
+        expected_counts.update(c)
+    assert rows == expected_rows and counts == expected_counts
+    assert counts["near_clusters"] > 5 and any(r[2] for r in rows)
+    assert (counts["near_unconverged_edges"] > 0) == (rounds == 1)
+    # The held texts are removed by that, never kept for another: none is named as a kept text.
+    held_digests = {tuple(d) for t in tables.values() for d, i in zip(t.digests.tolist(), t.ids.tolist())
+                    if i in set(some.tolist())}
+    assert not held_digests & {r[4] for r in rows if r[2]}
+
+
+def test_a_near_copy_is_linked_even_where_its_margin_exceeds_the_link_margin(tmp_path):
+    """--near_hashes 64, --near_threshold 0.5: a pair agreeing on 24 of its 64 filled bins is a
+    near-copy (within VERIFY_Z deviations of the threshold: 0.125) but under threshold -
+    LINK_MARGIN. It is linked all the same, so its texts meet in one component and the worse is
+    removed (before, its nodes were not sent to the components and its removal was lost)."""
+    from transforms.records import Nodes, VerifiedPairs
+    from transforms.tokenize.near_dedup import decide_at_once, pair_links, write_table
 
     rng = np.random.default_rng(3)
     k = 64
@@ -770,13 +900,12 @@ def test_a_near_copy_is_linked_even_where_its_margin_exceeds_the_link_margin():
     ids = np.arange(2, dtype=np.uint64)
     nodes = Nodes(ids, np.array([[1, 1], [2, 2]], dtype=np.uint64), np.array([5, 9], dtype=np.uint64),
                   np.zeros(2, np.int8), signatures)
+    write_table(str(tmp_path), 0, nodes)
     near, linked = pair_links(nodes.take([0]), nodes.take([1]), 0.5)
     assert near.tolist() == [True] and linked.tolist() == [True]
-    outputs = list(_verified(ids[:1], ids[1:], nodes.take([0]), nodes.take([1]), 0.5))
-    edges = [o for o in outputs if not isinstance(o, TaggedOutput)]
-    sent = {o.tag: o.value for o in outputs if isinstance(o, TaggedOutput)}
-    assert sorted((e.a.tolist(), e.b.tolist()) for _, e in edges) == [([0], [1]), ([1], [0])]
-    assert sent["nodes"][1].ids.tolist() == [0, 1] and sent["counts"]["near_linked_pairs"] == 1
+    (decided,) = [d for _, d in (out for out in decide_at_once((0, [VerifiedPairs(ids[:1], ids[1:], near)]), 0.5, 1,
+                                                               0.0, 4, str(tmp_path), k) if isinstance(out, tuple))]
+    assert decided.removed.tolist() == [False, True] and decided.kept.tolist() == [[1, 1], [1, 1]]
 
 
 def test_which_pairs_a_crowded_band_compares_does_not_depend_on_node_ids():

@@ -486,6 +486,16 @@ class Edges:
 
 
 @dataclass
+class VerifiedPairs:
+    """Linked candidate pairs (a, b), a < b, of one pair bucket (local runs, whose pairs all meet
+    on one worker: near_dedup.decide_at_once), and which of them are near-copies."""
+
+    a: np.ndarray  # uint64
+    b: np.ndarray  # uint64
+    near: np.ndarray  # bool
+
+
+@dataclass
 class NearDecisions:
     """What --dedup near decided for texts of one dedup shard: each is removed (a near-copy of
     the kept text of its cluster) or kept, in the split of its whole cluster."""
@@ -497,5 +507,5 @@ class NearDecisions:
     similarity: np.ndarray  # float32: their estimated Jaccard similarity (1 when it is kept)
 
 
-for _record in (Nodes, NodePart, BandPart, Edges, NearDecisions):
+for _record in (Nodes, NodePart, BandPart, Edges, VerifiedPairs, NearDecisions):
     beam.coders.registry.register_coder(_record, RecordCoder)

@@ -16,6 +16,8 @@ file in the spill directory rather than carrying 512 bytes per copy through the 
 KeyByBand writes the node tables and each band part's hashes there too: the runner carries
 node ids, and VerifyPairs reads a candidate pair's two nodes from the tables (every worker
 process of a local run reads the same disk; other runners fetch both nodes through it).
+There, too, the steps after VerifyPairs run on one worker, over the whole graph at once
+(decide_at_once): the same functions, given every edge as one group, instead of 16 stages.
 
 Candidates. The nodes that share a band hash (of their densified signatures: minhash.py)
 are candidate pairs, each with each; a band shared by more than HUBS nodes pairs each with
@@ -58,6 +60,7 @@ import hashlib
 import math
 import os
 import uuid
+from collections import defaultdict
 from typing import NamedTuple
 
 import apache_beam as beam
@@ -65,7 +68,8 @@ import numpy as np
 
 from transforms import hashing
 from transforms.read.inputs import input_index
-from transforms.records import BandPart, Edges, NearDecisions, NodePart, Nodes, TokenizedBatch, mapped_ids
+from transforms.records import (BandPart, Edges, NearDecisions, NodePart, Nodes, TokenizedBatch, VerifiedPairs,
+                               mapped_ids)
 from transforms.segments import groups_of
 from transforms.tokenize import minhash, near_index
 from transforms.write_behind import WritesBehindWithSpillDir
@@ -379,11 +383,31 @@ def verify_pairs(keyed_halves, threshold: float):
 
 
 def verify_local_pairs(keyed_pairs, threshold: float, spill_dir: str, hashes: int):
-    """(pair bucket, Edges(a, b)) -> what verify_pairs gives, the pairs' nodes read from their
-    tables in the spill directory (local runs)."""
+    """(pair bucket, Edges(a, b)) -> (0, VerifiedPairs): the linked pairs among them, and which
+    are near-copies, their nodes read from their tables in the spill directory (local runs:
+    decide_at_once takes the pairs of every bucket, under one key); tagged `counts`: as
+    verify_pairs'."""
     _, parts = keyed_pairs
     a, b = _edges_of(parts)  # a pair found in several band shards: once
-    yield from _verified(a, b, read_nodes(spill_dir, a, hashes), read_nodes(spill_dir, b, hashes), threshold)
+    near, linked = pair_links(read_nodes(spill_dir, a, hashes), read_nodes(spill_dir, b, hashes), threshold)
+    yield 0, VerifiedPairs(a[linked], b[linked], near[linked])
+    yield beam.pvalue.TaggedOutput(COUNTS, _pair_counts(near, linked))
+
+
+def pair_links(first: Nodes, second: Nodes, threshold: float) -> tuple[np.ndarray, np.ndarray]:
+    """(near-copy, linked) for each pair of nodes (first[i], second[i]), by their signatures'
+    agreement. Every near-copy is linked: its texts meet in one component, though its margin
+    may exceed LINK_MARGIN (--near_hashes 64: VERIFY_Z deviations of a 64-bin estimate reach
+    0.125)."""
+    same, filled = minhash.agreement(first.signatures, second.signatures)
+    near = same >= needed_agreement(threshold - verification_margin(threshold, filled, first.signatures.shape[1]),
+                                    filled)
+    return near, near | (same >= needed_agreement(max(threshold - LINK_MARGIN, 0.0), filled))
+
+
+def _pair_counts(near: np.ndarray, linked: np.ndarray) -> dict:
+    return {CANDIDATE_PAIRS: int(near.size), VERIFIED_PAIRS: int(np.count_nonzero(near)),
+            LINKED_PAIRS: int(np.count_nonzero(linked))}
 
 
 def _verified(a: np.ndarray, b: np.ndarray, first: Nodes, second: Nodes, threshold: float):
@@ -398,19 +422,7 @@ def _verified(a: np.ndarray, b: np.ndarray, first: Nodes, second: Nodes, thresho
         once = both.take(_sorted_unique(both.ids))
         for shard, members in groups_of(shard_of_node(once.ids)):
             yield beam.pvalue.TaggedOutput(NODES, (int(shard), once.take(members)))
-    yield beam.pvalue.TaggedOutput(COUNTS, {CANDIDATE_PAIRS: int(a.size), VERIFIED_PAIRS: int(np.count_nonzero(near)),
-                                            LINKED_PAIRS: int(np.count_nonzero(linked))})
-
-
-def pair_links(first: Nodes, second: Nodes, threshold: float) -> tuple[np.ndarray, np.ndarray]:
-    """(near-copy, linked) for each pair of nodes (first[i], second[i]), by their signatures'
-    agreement. Every near-copy is linked: its texts meet in one component, though its margin
-    may exceed LINK_MARGIN (--near_hashes 64: VERIFY_Z deviations of a 64-bin estimate reach
-    0.125)."""
-    same, filled = minhash.agreement(first.signatures, second.signatures)
-    near = same >= needed_agreement(threshold - verification_margin(threshold, filled, first.signatures.shape[1]),
-                                    filled)
-    return near, near | (same >= needed_agreement(max(threshold - LINK_MARGIN, 0.0), filled))
+    yield beam.pvalue.TaggedOutput(COUNTS, _pair_counts(near, linked))
 
 
 VERIFY_Z = 2.0  # standard deviations of the estimate below the threshold that a near-copy may lie
@@ -687,6 +699,62 @@ def expected_false_positives(same: np.ndarray, filled: np.ndarray, threshold: fl
 
 
 # ---------------------------------------------------------------------------------------------
+# local runs: the graph after verification, on one worker at once
+
+def decide_at_once(keyed, threshold: float, seed: int, validation_fraction: float, rounds: int, spill_dir: str,
+                   hashes: int):
+    """(0, VerifiedPairs of every pair bucket), or (0, {pairs: those, held: HeldNear}) ->
+    what the steps from the components to choose_kept give: (dedup shard, NearDecisions),
+    tagged `counts`. Local runs: one worker takes the whole graph, its nodes read from their
+    tables in the spill directory (the runner holds every group in memory anyway), instead
+    of 16 more stages of a few milliseconds' work each.
+
+    The steps are the very functions the other runners run by shard (_at_once): each
+    decides node by node, from the edges at the node, and each node's edges are all in its
+    shard's group, so one group of every edge gives what the shards give, counts included
+    (near_unconverged_edges after the same `rounds`)."""
+    _, grouped = keyed
+    pairs, held = (list(grouped["pairs"]), list(grouped[HELD])) if isinstance(grouped, dict) else (list(grouped), [])
+    a = np.concatenate([p.a for p in pairs]) if pairs else np.empty(0, np.uint64)
+    if a.size == 0:
+        return
+    b = np.concatenate([p.b for p in pairs])
+    near = np.concatenate([p.near for p in pairs])
+    edges = [Edges(a, b), Edges(b, a)]  # as VerifyPairs sends them on to the components elsewhere
+    for _ in range(rounds):
+        edges, _ = _at_once(large_star, edges)
+        edges, _ = _at_once(small_star, edges)
+    stars, checked = _at_once(check_stars, _at_once(star_edges, edges)[0])
+    roots, finished = _at_once(finish_residual, checked[RESIDUAL])
+    for count in finished[COUNTS]:
+        yield beam.pvalue.TaggedOutput(COUNTS, count)
+    labels, _ = _at_once(relabel, {STARS: checked[STARS], "roots": roots})
+    nodes = read_nodes(spill_dir, np.unique(np.concatenate([a, b])), hashes)
+    members, labelled = _at_once(label_nodes, {"edges": labels, NODES: [nodes], NEAR: [Edges(a[near], b[near])],
+                                               HELD: held})
+    yield from choose_kept((0, {"members": members, NEAR: labelled[NEAR], HELD: labelled[HELD]}), threshold, seed,
+                           validation_fraction)
+
+
+def _under_one_key(keyed):
+    return 0, keyed[1]
+
+
+def _at_once(step, grouped) -> tuple[list, dict]:
+    """(the values of `step`'s main output, {tag: values of that output}) for all of `grouped`
+    given as one group; a step given nothing is not run, as a runner runs no group without
+    elements. Counts are dicts, unkeyed."""
+    main, tagged = [], defaultdict(list)
+    if any(grouped.values()) if isinstance(grouped, dict) else grouped:
+        for out in step((0, grouped)):
+            if isinstance(out, beam.pvalue.TaggedOutput):
+                tagged[out.tag].append(out.value if out.tag == COUNTS else out.value[1])
+            else:
+                main.append(out[1])
+    return main, tagged
+
+
+# ---------------------------------------------------------------------------------------------
 
 class NearFound(NamedTuple):
     decisions: beam.PCollection  # (dedup shard, NearDecisions)
@@ -736,24 +804,40 @@ class FindNearDuplicates(beam.PTransform):
                     near_index.match_earlier, needed, near_index.sketch_bits(s.hashes))
             )
         bands = keyed.parts | "GroupByBand" >> beam.GroupByKey()
-        if self._spill_dir is not None:  # local runs: both nodes of a pair are read from the spill directory
-            verified = (
-                bands
-                | "CandidatePairs" >> beam.FlatMap(candidate_pairs_by_bucket, n).with_output_types(tuple[int, Edges])
-                | "GroupPairs" >> beam.GroupByKey()
-                | "VerifyPairs" >> beam.FlatMap(verify_local_pairs, self._threshold, self._spill_dir, s.hashes)
-                .with_outputs(NEAR, NODES, COUNTS, main="edges")
-            )
+        # Local runs read both nodes of a pair from the spill directory and decide the graph at once.
+        decide = self._decide_at_once if self._spill_dir is not None else self._decide_by_shard
+        decisions, counts = decide(bands, tables, held)
+        return NearFound(decisions, counts, keyed[near_index.KEYS], held)
+
+    def _decide_at_once(self, bands, _, held):
+        s, n = self._settings, self._shards
+        verified = (
+            bands
+            | "CandidatePairs" >> beam.FlatMap(candidate_pairs_by_bucket, n).with_output_types(tuple[int, Edges])
+            | "GroupPairs" >> beam.GroupByKey()
+            | "VerifyPairs" >> beam.FlatMap(verify_local_pairs, self._threshold, self._spill_dir, s.hashes)
+            .with_outputs(COUNTS, main="pairs")
+        )
+        if held is None:
+            graph = verified.pairs | "GatherGraph" >> beam.GroupByKey()
         else:
-            requests = bands | "CandidatePairs" >> beam.FlatMap(candidate_pairs).with_output_types(tuple[int, Edges])
-            verified = (
-                {"tables": tables, "requests": requests}
-                | "FetchNodes" >> beam.CoGroupByKey()
-                | "AttachNodes" >> beam.FlatMap(attach_nodes, n).with_output_types(tuple[int, Edges])
-                | "GroupPairs" >> beam.GroupByKey()
-                | "VerifyPairs" >> beam.FlatMap(verify_pairs, self._threshold)
-                .with_outputs(NEAR, NODES, COUNTS, main="edges")
-            )
+            graph = ({"pairs": verified.pairs, HELD: held | "KeyHeldAtOnce" >> beam.Map(_under_one_key)}
+                     | "GatherGraph" >> beam.CoGroupByKey())
+        chosen = graph | "DecideAtOnce" >> beam.FlatMap(
+            decide_at_once, self._threshold, self._seed, self._validation_fraction, self._rounds, self._spill_dir,
+            s.hashes).with_outputs(COUNTS, main="decisions")
+        return chosen.decisions, (verified[COUNTS], chosen[COUNTS]) | "NearCounts" >> beam.Flatten()
+
+    def _decide_by_shard(self, bands, tables, held):
+        requests = bands | "CandidatePairs" >> beam.FlatMap(candidate_pairs).with_output_types(tuple[int, Edges])
+        verified = (
+            {"tables": tables, "requests": requests}
+            | "FetchNodes" >> beam.CoGroupByKey()
+            | "AttachNodes" >> beam.FlatMap(attach_nodes, self._shards).with_output_types(tuple[int, Edges])
+            | "GroupPairs" >> beam.GroupByKey()
+            | "VerifyPairs" >> beam.FlatMap(verify_pairs, self._threshold)
+            .with_outputs(NEAR, NODES, COUNTS, main="edges")
+        )
         edges = verified.edges
         for r in range(self._rounds):
             edges = (
@@ -797,5 +881,4 @@ class FindNearDuplicates(beam.PTransform):
             | "ChooseKept" >> beam.FlatMap(choose_kept, self._threshold, self._seed, self._validation_fraction)
             .with_outputs(COUNTS, main="decisions")
         )
-        counts = ((verified[COUNTS], finished[COUNTS], chosen[COUNTS]) | "NearCounts" >> beam.Flatten())
-        return NearFound(chosen.decisions, counts, keyed[near_index.KEYS], held)
+        return chosen.decisions, (verified[COUNTS], finished[COUNTS], chosen[COUNTS]) | "NearCounts" >> beam.Flatten()
