@@ -449,10 +449,10 @@ class StagingArea:
         self.fs.invalidate_cache(self.url)
 
 
-def _npz(header: dict, arrays: dict) -> bytes:
+def _npz(header: dict, arrays: dict) -> memoryview:
     out = io.BytesIO()
     np.savez(out, header=np.frombuffer(json.dumps(header).encode(), dtype=np.uint8), **arrays)
-    return out.getvalue()
+    return out.getbuffer()  # not a copy: seal copies it once, with its trailer
 
 
 def _unnpz(data: bytes) -> tuple[dict, dict]:

@@ -82,7 +82,7 @@ def object_entry(data) -> tuple[int, int, int]:
 
 def seal(payload) -> bytes:
     """`payload` with its trailer: what a staged file holds."""
-    return bytes(payload) + SEAL_MAGIC + struct.pack("<I", crc32c(payload))
+    return b"".join((payload, SEAL_MAGIC, struct.pack("<I", crc32c(payload))))  # one copy of the payload, not three
 
 
 def unseal(data, name: str) -> memoryview:
