@@ -249,6 +249,9 @@ def unit_keys(plan, storage_options: dict | None = None, by_key: dict | None = N
     if plan.near:  # only then: the keys of other runs' units stay as they were
         common["signatures"] = plan.near[0].signature_key()
         common["copy_defects"] = copy_defects.DEFINITION  # staged with the signatures
+        # Locally staged beside the batch (staging.SIGNATURES), not in it: a version that looks
+        # for them in the `.batch` does not take such a unit for its own.
+        common["signatures_beside"] = True
     versions = {}
     by_file, sizes = {}, {}
     for unit in list(plan.read_ranges()) + list(plan.row_groups):

@@ -144,6 +144,21 @@ def test_a_staged_file_damaged_after_the_launch_fails_naming_it(tmp_path):
     replay = ReplayUnitFn(a)
     replay.setup()
     assert len([b for b in replay.process((unit, "unit.1.json", 10)) if hasattr(b, "ids")]) == 1
+    # Near signatures staged beside their batch: replayed mapped and checked, named when damaged.
+    signatures = np.arange(3 * 8, dtype=np.uint16).reshape(3, 8)
+    batch = a.read_batch(unit, 0)
+    batch.signatures = signatures
+    beside = a.put_batch_signatures(unit, 1, signatures)
+    ids = a.put_batch_ids(unit, 1, batch.ids)
+    a.put_batch(unit, 1, a.batch_documents(batch, signatures_beside=True), ids, beside)
+    again = a.read_batch(unit, 1)
+    assert np.array_equal(again.signatures, signatures) and again.signatures_file == a.batch_signatures_path(unit, 1)
+    a.check_batch(unit, 1)
+    flip(Path(again.signatures_file))
+    for read in (a.read_batch, a.check_batch):
+        with pytest.raises(staging.Damaged, match=f"{again.signatures_file}: damaged"):
+            read(unit, 1)
+
     ids = Path(a.path("units", unit, staging.place_name(0) + staging.IDS))
     flip(ids)
     with pytest.raises(RuntimeError, match=f"{ids}: damaged.*rerun the same command"):

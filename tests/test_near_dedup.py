@@ -277,20 +277,33 @@ def test_a_portable_runners_workers_make_the_same_bytes(planted, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("moment", ["units staged", "shards written"])
+@pytest.mark.parametrize("moment", ["units staged", "shards written", "units staged, a signature file damaged"])
 def test_a_killed_run_resumes_to_the_same_bytes(planted, tmp_path, moment):
+    """Killed, then rerun: the same bytes. A local run stages each batch's signatures in a file
+    beside it (near dedup's node parts name that file); one damaged since is found by its
+    checksum, and its unit redone."""
+    from transforms import staging
+
     root, _, args, ref = planted
     args = [*args, "--batch_documents", "40", "--read_range_mb", "1", "--num_shards", "4",
             "--tokens_chunk_size", "4096"]
     run_pipeline(*args, "--output", tmp_path / "ref.zarr")
     out = tmp_path / "out.zarr"
-    if moment == "units staged":
+    if moment.startswith("units staged"):
         kill_when(args, out, lambda: units_staged(out) >= 1)
     else:
         kill_when(args, out, lambda: len(list((out / ".flat-tokens-staging").glob("shards/*/*.rec"))) >= 2)
     units, chunks = staged_now(out)
+    damaged = moment.endswith("damaged")
+    if damaged:
+        (unit, _), *_ = staging.StagingArea(str(out)).listing().units.items()
+        signatures = sorted((out / ".flat-tokens-staging" / "units" / unit).glob(f"*{staging.SIGNATURES}"))
+        data = bytearray(signatures[0].read_bytes())
+        data[len(data) // 2] ^= 0x10
+        signatures[0].write_bytes(bytes(data))
     reused = resume(args, out, tmp_path / "summary.json")
-    assert reused["input_units"] == units and units
+    assert reused["input_units"] == units - damaged and units
+    assert reused["damaged"]["staged_units"] == damaged
     assert dataset_digest(out) == dataset_digest(tmp_path / "ref.zarr")
 
 

@@ -48,16 +48,24 @@ class TokenizedBatch:
     # (n,) uint16 copy_defects (capitals, whitespace anomalies), with --dedup near only: which
     # near-copy a cluster keeps
     defects: np.ndarray | None = None
+    # Where these signatures lie on local disk as they are, when a run staged them there: near
+    # dedup's node parts then name that file instead of writing one (as ids_file for ids).
+    signatures_file: str | None = None
 
     def __getstate__(self):
         state = dict(self.__dict__)
         if state["ids_file"] is not None:
             state["ids"] = (state["ids"].dtype.name, int(state["ids"].size))
+        if state.get("signatures_file") is not None:
+            state["signatures"] = tuple(state["signatures"].shape)
         return state
 
     def __setstate__(self, state):
         if state["ids_file"] is not None:
             state["ids"] = mapped_ids(state["ids_file"], *state["ids"])
+        if state.get("signatures_file") is not None:
+            rows, hashes = state["signatures"]
+            state["signatures"] = mapped_ids(state["signatures_file"], "uint16", rows * hashes).reshape(rows, hashes)
         self.__dict__.update(state)
 
 

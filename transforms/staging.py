@@ -73,7 +73,7 @@ FORMAT = 2  # of the objects below; part of every key. 2: every object carries i
 # account the digest of the input bytes it was read from (one bump for both: issue 27)
 UNITS, SHARDS, CHUNKS = "units", "shards", "chunks"
 COMMAND, ARRAYS = "command.json", "arrays.json"
-IDS, BATCH = ".ids", ".batch"
+IDS, BATCH, SIGNATURES = ".ids", ".batch", ".signatures"
 TEMPORARY = ".tmp"
 # Staged ids cross the network to an object store LZ4-compressed (1.2 bytes per GPT-2 token
 # instead of 2), as they cross a runner's shuffle; local ids stay as they are, since the
@@ -114,10 +114,11 @@ def whole_units(names) -> dict:
             n = name.split(".")[1]
             if n.isdigit():
                 accounts[unit] = (int(n), name)
-        elif "." + suffix in (IDS, BATCH):
+        elif "." + suffix in (IDS, BATCH, SIGNATURES):
             batches.setdefault(unit, {}).setdefault(stem, set()).add("." + suffix)
+    # A batch's signatures file, when its `.batch` names one, is checked with it (check_batch).
     return {unit: name for unit, (n, name) in accounts.items()
-            if sum(1 for suffixes in batches.get(unit, {}).values() if suffixes == {IDS, BATCH}) == n}
+            if sum(1 for suffixes in batches.get(unit, {}).values() if {IDS, BATCH} <= suffixes) == n}
 
 
 @dataclass
@@ -219,23 +220,45 @@ class StagingArea:
     def _batch_ids(unit: str, place: int) -> str:
         return f"{UNITS}/{unit}/{place_name(place)}{IDS}"
 
-    def batch_documents(self, batch: TokenizedBatch) -> Documents:
-        """What put_batch stages of a batch: everything but its ids (a few bytes per document)."""
+    def put_batch_signatures(self, unit: str, place: int, signatures: np.ndarray) -> Sum:
+        """Stages a batch's near signatures beside it, as they are (local areas: near dedup's
+        node parts name the file, batch_signatures_path, rather than write them once more):
+        returns the Sum of what was stored, for put_batch to seal into the `.batch`."""
+        signatures = np.ascontiguousarray(signatures, dtype=np.uint16)
+        self.put(self._batch_signatures(unit, place), signatures.data)
+        return Sum.of(signatures)
+
+    def batch_signatures_path(self, unit: str, place: int) -> str:
+        """Where put_batch_signatures puts a batch's signatures (a local area's)."""
+        return self.path(self._batch_signatures(unit, place))
+
+    @staticmethod
+    def _batch_signatures(unit: str, place: int) -> str:
+        return f"{UNITS}/{unit}/{place_name(place)}{SIGNATURES}"
+
+    def batch_documents(self, batch: TokenizedBatch, signatures_beside: bool = False) -> Documents:
+        """What put_batch stages of a batch: everything but its ids (a few bytes per document),
+        and but its signatures when they are `signatures_beside` it (put_batch_signatures)."""
         header = {"file_key": batch.file_key, "split": batch.split, "empty": int(batch.empty),
                   "ids_dtype": batch.ids.dtype.name, "ids": int(batch.ids.size), "local": self.local}
         arrays = {"offsets": batch.offsets, "lengths": batch.lengths}
         if batch.digests is not None:
             arrays["digests"] = batch.digests
-        if batch.signatures is not None:
+        if batch.signatures is not None and signatures_beside:
+            header["signatures_shape"] = list(batch.signatures.shape)
+        elif batch.signatures is not None:
             arrays["signatures"] = batch.signatures
         if batch.defects is not None:
             arrays["defects"] = batch.defects
         return Documents(header, arrays)
 
-    def put_batch(self, unit: str, place: int, documents: Documents, ids: Sum) -> None:
+    def put_batch(self, unit: str, place: int, documents: Documents, ids: Sum, signatures: Sum | None = None) -> None:
         """Stages a batch's documents (batch_documents), with the Sum of its ids (staged
-        already: put_batch_ids), sealed: the batch counts from here."""
+        already: put_batch_ids) and of its signatures when they are beside it, sealed: the
+        batch counts from here."""
         header = {**documents.header, "ids_sum": Sum(*ids).to_json()}
+        if signatures is not None:
+            header["signatures_sum"] = Sum(*signatures).to_json()
         self.put(f"{UNITS}/{unit}/{place_name(place)}{BATCH}", seal(_npz(header, documents.arrays)))
 
     def put_unit(self, unit: str, account: dict) -> None:
@@ -313,6 +336,12 @@ class StagingArea:
         why = stored_problem(self.fs, path, Sum.from_json(header["ids_sum"]), (entries or {}).get(rel))
         if why:
             raise Damaged(f"staged file {path}: damaged: {why}")
+        if "signatures_sum" in header:
+            path = self.path(UNITS, unit, place_name(place) + SIGNATURES)
+            why = stored_problem(self.fs, path, Sum.from_json(header["signatures_sum"]),
+                                 (entries or {}).get(f"{UNITS}/{unit}/{place_name(place)}{SIGNATURES}"))
+            if why:
+                raise Damaged(f"staged file {path}: damaged: {why}")
 
     def read_batch(self, unit: str, place: int) -> TokenizedBatch:
         """A staged batch, as it was tokenized, checked against the sums sealed with it; locally
@@ -340,9 +369,28 @@ class StagingArea:
             ids = np.frombuffer(_IDS_CODEC.decode(stored), dtype=dtype)
         if ids.size != n:
             raise Damaged(f"staged file {base}{IDS}: holds {ids.size} ids, its documents need {n}")
+        signatures, signatures_file = arrays.get("signatures"), None
+        if "signatures_sum" in header:  # beside the batch, in a local area
+            signatures_file = base + SIGNATURES
+            signatures = self._signatures_beside(signatures_file, header)
         return TokenizedBatch(header["file_key"], header["split"], arrays["offsets"], arrays["lengths"], ids,
-                              header["empty"], arrays.get("digests"), arrays.get("signatures"), ids_file=ids_file,
-                              defects=arrays.get("defects"))
+                              header["empty"], arrays.get("digests"), signatures, ids_file=ids_file,
+                              defects=arrays.get("defects"), signatures_file=signatures_file)
+
+    @staticmethod
+    def _signatures_beside(path: str, header: dict) -> np.ndarray:
+        """A batch's staged signatures file, mapped and checked against the Sum sealed with it."""
+        try:
+            rows, hashes = (int(x) for x in header["signatures_shape"])
+            want = Sum.from_json(header["signatures_sum"])
+            signatures = mapped_ids(path, "uint16", rows * hashes).reshape(rows, hashes)
+        except (RuntimeError, KeyError, TypeError, ValueError) as e:  # another size; a header not put_batch's
+            raise Damaged(f"staged file {path}: damaged: {e}") from None
+        got = Sum.of(signatures)
+        if got != want:
+            raise Damaged(f"staged file {path}: damaged: {got.size} bytes of CRC-32C {got.crc32c:08x}, "
+                          f"{want.size} bytes of CRC-32C {want.crc32c:08x} were written")
+        return signatures
 
     def read_shard(self, job_key: str, name: str) -> tuple[dict, list]:
         """A shard record, checked: (header, fragments as [((split, array, index), (start,

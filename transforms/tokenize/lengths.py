@@ -53,7 +53,8 @@ def _document_fields(batch) -> tuple[str, ...]:
     """The fields of a batch that hold one value per document."""
     if isinstance(batch, DistinctBatch):
         return "digests", "splits", "sources", "lengths"
-    return ("offsets", "lengths") + (("digests",) if batch.digests is not None else ())
+    return ("offsets", "lengths") + tuple(name for name in ("digests", "signatures", "defects")
+                                          if getattr(batch, name) is not None)
 
 
 def _take(batch, index: np.ndarray, **changed):
@@ -62,6 +63,8 @@ def _take(batch, index: np.ndarray, **changed):
     fields.update(changed)
     if isinstance(batch, TokenizedBatch) and "ids" in changed:
         fields["ids_file"] = None  # not the staged file's ids any more
+    if isinstance(batch, TokenizedBatch):
+        fields["signatures_file"] = None  # nor its signatures
     return replace(batch, **fields)
 
 

@@ -143,8 +143,9 @@ def _run_starts(keys: np.ndarray) -> np.ndarray:
 
 class KeyNodes(WritesBehindWithSpillDir, beam.DoFn):
     """TokenizedBatch -> (dedup shard, NodePart) for the signed documents of the batch. With a
-    spill directory (local runs: transforms/shuffle/spill.py has the why), the batch's
-    signatures are written to a file there, on a thread, and the parts name its rows."""
+    spill directory (local runs: transforms/shuffle/spill.py has the why), the parts name rows
+    of a file of the batch's signatures: the one staged beside the batch (a local staging
+    area), else one written to the spill directory, on a thread."""
 
     WRITER_NAME = "flat-tokens-signatures"
 
@@ -162,16 +163,20 @@ class KeyNodes(WritesBehindWithSpillDir, beam.DoFn):
                         None if batch.defects is None else batch.defects[signed])
         votes = np.full(signed.size, vote_of(batch.split), dtype=np.int8)
         path = None
-        if self._writer:
-            path = os.path.join(self._spill_dir, signature_file_name(batch.file_key, int(batch.offsets[0])))
+        if self._writer and batch.signatures_file:  # staged beside the batch (transforms/staging.py): named as it is
+            path, rows = batch.signatures_file, signed
+        elif self._writer:
+            path, rows = os.path.join(self._spill_dir, signature_file_name(batch.file_key, int(batch.offsets[0]))), None
             self._writer.submit(write_whole, path, np.ascontiguousarray(signatures))
         for shard, members in groups_of(hashing.content_shards(digests, self._seed, self._num_shards)):
             keys = (digests[members], ranks[members], votes[members])
             if path is None:
                 yield int(shard), NodePart(*keys, signatures=signatures[members])
             else:
-                yield int(shard), NodePart(*keys, signature_file=path, rows=members.astype(np.uint32),
-                                           file_rows=signed.size, hashes=signatures.shape[1])
+                yield int(shard), NodePart(*keys, signature_file=path,
+                                           rows=(members if rows is None else rows[members]).astype(np.uint32),
+                                           file_rows=signed.size if rows is None else batch.signatures.shape[0],
+                                           hashes=signatures.shape[1])
 
 
 def signature_file_name(file_key: str, first_offset: int) -> str:

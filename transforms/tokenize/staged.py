@@ -31,9 +31,9 @@ class TokenizeAndStage(TokenizeBatches):
     comparisons run one at a time on the guard's thread (TokenizeBatches), so at most the
     batches since the last sampled one wait, in order.
 
-    A batch's ids are written on a thread while the next batch is read and tokenized
-    (transforms/write_behind.py); the batch goes on at once, naming the file, and its
-    documents are staged only once the write has landed."""
+    A batch's ids (and, locally, its near signatures) are written on a thread while the next
+    batch is read and tokenized (transforms/write_behind.py); the batch goes on at once,
+    naming the files, and its documents are staged only once the writes have landed."""
 
     def __init__(self, info, area, storage_options: dict | None = None, progress_dir: str | None = None,
                  digests: bool = False, near=None, memo_dir: str | None = None):
@@ -60,7 +60,12 @@ class TokenizeAndStage(TokenizeBatches):
             own = self._checking if self._checking is not before else None  # a new comparison: this batch's
             written = self._writer.submit(self._area.put_batch_ids, unit, place, tokenized.ids)
             tokenized.ids_file = self._area.batch_ids_path(unit, place)
-            self._unchecked.append((unit, place, self._area.batch_documents(tokenized), written, own))
+            signed = None
+            if tokenized.signatures is not None and self._area.local:  # near dedup's node parts name this file
+                signed = self._writer.submit(self._area.put_batch_signatures, unit, place, tokenized.signatures)
+                tokenized.signatures_file = self._area.batch_signatures_path(unit, place)
+            documents = self._area.batch_documents(tokenized, signatures_beside=signed is not None)
+            self._unchecked.append((unit, place, documents, written, signed, own))
             self._stage_checked()
             yield tokenized
 
@@ -78,14 +83,14 @@ class TokenizeAndStage(TokenizeBatches):
         their comparisons have passed (a failed write or a difference raises here: that batch
         is never staged whole)."""
         while self._unchecked:
-            unit, place, documents, written, comparison = self._unchecked[0]
-            for pending in (written, comparison):
+            unit, place, documents, written, signed, comparison = self._unchecked[0]
+            for pending in (written, signed, comparison):
                 if pending is not None:
                     if not (wait or pending.done()):
                         return
                     pending.result()
-            # The ids' Sum (what landed) is sealed into the `.batch`: a rerun checks both.
-            self._area.put_batch(unit, place, documents, written.result())
+            # The Sums of the ids and signatures (what landed) are sealed into the `.batch`: a rerun checks them all.
+            self._area.put_batch(unit, place, documents, written.result(), signed.result() if signed else None)
             self._unchecked.popleft()
 
 
