@@ -775,6 +775,11 @@ def test_pairs_verified_from_node_tables_in_the_spill_directory_are_those_verifi
     assert pairs_of(local, "near") and pairs_of(local, "edges")
     with pytest.raises(RuntimeError, match="does not hold"):
         read_nodes(str(tmp_path), np.array([(1 << 32) | n], dtype=np.uint64), k)
+    # A table's rows name their signatures in a file: one cut short is refused, not read past.
+    signatures = tmp_path / "nodes-000001.table.signatures"
+    signatures.write_bytes(signatures.read_bytes()[:-2 * k])
+    with pytest.raises(RuntimeError, match="signature file .* does not hold the rows"):
+        read_nodes(str(tmp_path), np.array([(1 << 32) | (n - 1)], dtype=np.uint64), k)
 
 
 def _graph_by_shard(a, b, first, second, held, rounds):

@@ -12,11 +12,12 @@ Nodes. A node is a distinct text (its copies merged, as exact dedup merges them)
 `dedup shard << 32 | row` in its shard's node table (rows in digest order): ids are small,
 unique and a pure function of the input. Documents without a signature (fewer words than the
 shingle size) are not nodes. On local runs a node part names rows of its batch's signature
-file in the spill directory rather than carrying 512 bytes per copy through the runner, and
-KeyByBand writes the node tables and each band part's hashes there too: the runner carries
-node ids, and VerifyPairs reads a candidate pair's two nodes from the tables (every worker
-process of a local run reads the same disk; other runners fetch both nodes through it).
-There, too, the steps after VerifyPairs run on one worker, over the whole graph at once
+file (staged beside the batch, or in the spill directory) rather than carrying 512 bytes per
+copy through the runner; NodeTables writes the node tables to the spill directory (a node
+names its signature's row in such a file) and KeyByBand each band part's hashes: the runner
+carries node ids, and VerifyPairs reads a candidate pair's two nodes from the tables (every
+worker process of a local run reads the same disk; other runners fetch both nodes through
+it). There, too, the steps after VerifyPairs run on one worker, over the whole graph at once
 (decide_at_once): the same functions, given every edge as one group, instead of 16 stages.
 
 Candidates. The nodes that share a band hash (of their densified signatures: minhash.py)
@@ -57,6 +58,7 @@ Every step works on arrays of many nodes or edges at once, never element by elem
 """
 import dataclasses
 import hashlib
+import json
 import math
 import os
 import uuid
@@ -193,9 +195,12 @@ def write_whole(path: str, values: np.ndarray) -> None:
     os.replace(temporary, path)
 
 
-def node_table(keyed_parts):
+def node_table(keyed_parts, spill_dir: str | None = None):
     """(shard, NodeParts) -> (shard, Nodes: one per distinct text, in digest order), with the
-    smallest rank and the largest vote of its copies."""
+    smallest rank and the largest vote of its copies. With a spill directory (local runs), the
+    table is written there first (write_table), each node naming its signature's row in the
+    signature file of its part, so a candidate pair's nodes are there before any band part
+    that finds it."""
     shard, parts = keyed_parts
     parts = list(parts)
     digests = np.concatenate([p.digests for p in parts])
@@ -211,7 +216,14 @@ def node_table(keyed_parts):
         signatures[chosen] = parts[part].signatures_of(first[chosen] - offset[part])
     votes = np.maximum.reduceat(np.concatenate([p.votes for p in parts])[order], starts)
     ids = (np.uint64(shard) << np.uint64(_ROW_BITS)) | np.arange(first.size, dtype=np.uint64)
-    yield shard, Nodes(ids, digests[first], ranks[first], votes, signatures)
+    table = Nodes(ids, digests[first], ranks[first], votes, signatures)
+    if spill_dir is not None:
+        files = sorted({p.signature_file for p in parts})
+        number = {f: i for i, f in enumerate(files)}
+        file_of_part = np.array([number[p.signature_file] for p in parts], dtype=np.uint32)
+        file_rows = np.concatenate([p.rows for p in parts])
+        write_table(spill_dir, shard, table, (files, file_of_part[part_of[first]], file_rows[first]))
+    yield shard, table
 
 
 def node_table_file(spill_dir: str, shard: int) -> str:
@@ -219,37 +231,60 @@ def node_table_file(spill_dir: str, shard: int) -> str:
     return os.path.join(spill_dir, f"nodes-{shard:06d}.table")
 
 
-def _table_rows(hashes: int) -> np.dtype:
-    return np.dtype([("id", "<u8"), ("digest", "<u8", (2,)), ("rank", "<u8"), ("vote", "i1"), ("pad", "u1", (7,)),
-                     ("signature", "<u2", (hashes,))])
+_TABLE_ROW = np.dtype([("id", "<u8"), ("digest", "<u8", (2,)), ("rank", "<u8"), ("vote", "i1"), ("pad", "u1", (3,)),
+                       ("file", "<u4"), ("row", "<u4"), ("pad2", "u1", (4,))])
 
 
-def write_table(spill_dir: str, shard: int, table: Nodes) -> None:
+def write_table(spill_dir: str, shard: int, table: Nodes, sources: tuple | None = None) -> None:
     """A node table as rows of a file in the spill directory, row i its node i (local runs: the
-    nodes of candidate pairs are read from there, not carried through the runner)."""
-    rows = np.zeros(table.ids.size, dtype=_table_rows(table.signatures.shape[1]))
-    rows["id"], rows["digest"], rows["rank"], rows["vote"], rows["signature"] = \
-        table.ids, table.digests, table.ranks, table.votes, table.signatures
+    nodes of candidate pairs are read from there, not carried through the runner). A row names
+    its node's signature, row `row` of signature file `file`, rather than holding it (512
+    bytes a node, all of them written again): `sources` is (the signature files, each node's
+    file in them, its row there); None writes the table's signatures to a file of its own."""
+    if sources is None:
+        path = node_table_file(spill_dir, shard) + ".signatures"
+        write_whole(path, np.ascontiguousarray(table.signatures))
+        sources = ([path], np.zeros(table.ids.size, np.uint32), np.arange(table.ids.size, dtype=np.uint32))
+    files, file_of, row_in_file = sources
+    write_whole(node_table_file(spill_dir, shard) + ".files", np.frombuffer(json.dumps(files).encode(), np.uint8))
+    rows = np.zeros(table.ids.size, dtype=_TABLE_ROW)
+    rows["id"], rows["digest"], rows["rank"], rows["vote"], rows["file"], rows["row"] = \
+        table.ids, table.digests, table.ranks, table.votes, file_of, row_in_file
     write_whole(node_table_file(spill_dir, shard), rows)
 
 
 def read_nodes(spill_dir: str, ids: np.ndarray, hashes: int) -> Nodes:
-    """The nodes `ids`, in that order, from their tables' files (write_table)."""
-    row = _table_rows(hashes)
-    out = np.empty(ids.size, dtype=row)
+    """The nodes `ids`, in that order, from their tables' files and the signature files they
+    name (write_table)."""
+    out = np.empty(ids.size, dtype=_TABLE_ROW)
+    signatures = np.empty((ids.size, hashes), dtype=np.uint16)
     for shard, members in groups_of(shard_of_node(ids)):
         path = node_table_file(spill_dir, int(shard))
-        rows, rest = divmod(os.path.getsize(path), row.itemsize)  # FileNotFoundError names the path
+        rows, rest = divmod(os.path.getsize(path), _TABLE_ROW.itemsize)  # FileNotFoundError names the path
         if rest:
             raise RuntimeError(f"near-duplicate graph: node table {path} does not hold whole rows")
-        table = mapped_ids(path, row, rows)
+        table = mapped_ids(path, _TABLE_ROW, rows)
         wanted = (ids[members] & _ROW_MASK).astype(np.int64)
         if wanted.size and wanted.max() >= table.size:
             raise RuntimeError(f"near-duplicate graph: a pair names a node its table {path} does not hold")
-        out[members] = table[wanted]
+        out[members] = found = table[wanted]
+        with open(path + ".files", "rb") as f:
+            files = json.loads(f.read())
+        for file, at in groups_of(found["file"]):
+            if file >= len(files):
+                raise RuntimeError(f"near-duplicate graph: node table {path} names a signature file it does not list")
+            signatures[members[at]] = _signature_rows(files[int(file)], hashes, found["row"][at])
     if not np.array_equal(out["id"], ids):
         raise RuntimeError("near-duplicate graph: a pair names a node its shard's table does not hold")
-    return Nodes(out["id"], out["digest"], out["rank"], out["vote"], out["signature"])
+    return Nodes(out["id"], out["digest"], out["rank"], out["vote"], signatures)
+
+
+def _signature_rows(path: str, hashes: int, rows: np.ndarray) -> np.ndarray:
+    """Rows `rows` of a file of signatures of `hashes` bins each."""
+    n, rest = divmod(os.path.getsize(path), 2 * hashes)
+    if rest or (rows.size and int(rows.max()) >= n):
+        raise RuntimeError(f"near-duplicate graph: signature file {path} does not hold the rows a node table names")
+    return mapped_ids(path, "uint16", n * hashes).reshape(n, hashes)[rows]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -261,11 +296,8 @@ def key_by_band(keyed_table, bands: int, rows: int, num_shards: int, against: bo
     tagged `keys`: (shard, near_index.NearKeys) of its nodes, the dedup index's near part, and
     with `against` (--dedup_against) tagged `bands`: (band shard, near_index.BandEntries).
     One densification of the signatures serves both. With a spill directory (local runs),
-    the table is written there first (write_table), so a candidate pair's nodes are there
-    before any band part that finds it, and each band part's hashes are written there too."""
+    each band part's hashes are written there (node_table wrote the table there before)."""
     shard, table = keyed_table
-    if spill_dir is not None:
-        write_table(spill_dir, shard, table)
     dense = minhash.densified(table.signatures)
     hashes = minhash.hash_bands(dense, bands, rows).ravel()
     nodes, order_keys = np.repeat(table.ids, bands), np.repeat(table.digests[:, 0], bands)
@@ -794,7 +826,7 @@ class FindNearDuplicates(beam.PTransform):
             batches
             | "KeyNodes" >> beam.ParDo(KeyNodes(self._seed, n, self._spill_dir)).with_output_types(tuple[int, NodePart])
             | "GroupCopies" >> beam.GroupByKey()
-            | "NodeTables" >> beam.FlatMap(node_table).with_output_types(tuple[int, Nodes])
+            | "NodeTables" >> beam.FlatMap(node_table, self._spill_dir).with_output_types(tuple[int, Nodes])
         )
         keyed = tables | "KeyByBand" >> beam.FlatMap(key_by_band, s.bands, s.rows, n, self._earlier is not None,
                                                      self._spill_dir) \
