@@ -761,7 +761,7 @@ def decide_at_once(keyed, threshold: float, seed: int, validation_fraction: floa
     for _ in range(rounds):
         edges, _ = _at_once(large_star, edges)
         edges, _ = _at_once(small_star, edges)
-    stars, checked = _at_once(check_stars, _at_once(star_edges, edges)[0])
+    _, checked = _at_once(check_stars, _at_once(star_edges, edges)[0])  # its outputs are all tagged
     roots, finished = _at_once(finish_residual, checked[RESIDUAL])
     for count in finished[COUNTS]:
         yield beam.pvalue.TaggedOutput(COUNTS, count)
