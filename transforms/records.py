@@ -82,6 +82,18 @@ def mapped_ids(path: str, dtype: str, n: int) -> np.ndarray:
         return np.frombuffer(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ), dtype=dtype)
 
 
+def signature_rows(path: str, hashes: int, rows: np.ndarray, file_rows: int | None = None) -> np.ndarray:
+    """Rows `rows` of a local file of (file_rows, hashes) uint16 signatures (file_rows None:
+    as many as the file holds whole), mapped; refused when it does not hold them."""
+    if file_rows is None:
+        file_rows, rest = divmod(os.path.getsize(path), 2 * hashes)  # FileNotFoundError names the path
+        if rest:
+            raise RuntimeError(f"signature file {path}: {rest} bytes past its last whole row")
+    if rows.size and int(rows.max()) >= file_rows:
+        raise RuntimeError(f"signature file {path} does not hold the rows asked for: it holds {file_rows}")
+    return mapped_ids(path, "uint16", file_rows * hashes).reshape(file_rows, hashes)[rows]
+
+
 def narrowest_ids(ids: np.ndarray, top: int | None = None) -> np.ndarray:
     """Token ids as uint16 when they fit (vocabularies up to 65,536), else uint32. `top`:
     their largest, when the caller knows it already."""
@@ -436,8 +448,7 @@ class NodePart:
         """The signatures of documents `members` of the part."""
         if self.signature_file is None:
             return self.signatures[members]
-        mapped = mapped_ids(self.signature_file, "uint16", self.file_rows * self.hashes)
-        return mapped.reshape(self.file_rows, self.hashes)[self.rows[members]]
+        return signature_rows(self.signature_file, self.hashes, self.rows[members], self.file_rows)
 
 
 @dataclass

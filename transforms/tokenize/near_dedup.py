@@ -71,7 +71,7 @@ import numpy as np
 from transforms import hashing
 from transforms.read.inputs import input_index
 from transforms.records import (BandPart, Edges, NearDecisions, NodePart, Nodes, TokenizedBatch, VerifiedPairs,
-                               mapped_ids)
+                               mapped_ids, signature_rows)
 from transforms.segments import groups_of
 from transforms.tokenize import minhash, near_index
 from transforms.write_behind import WritesBehindWithSpillDir
@@ -273,18 +273,10 @@ def read_nodes(spill_dir: str, ids: np.ndarray, hashes: int) -> Nodes:
         for file, at in groups_of(found["file"]):
             if file >= len(files):
                 raise RuntimeError(f"near-duplicate graph: node table {path} names a signature file it does not list")
-            signatures[members[at]] = _signature_rows(files[int(file)], hashes, found["row"][at])
+            signatures[members[at]] = signature_rows(files[int(file)], hashes, found["row"][at])
     if not np.array_equal(out["id"], ids):
         raise RuntimeError("near-duplicate graph: a pair names a node its shard's table does not hold")
     return Nodes(out["id"], out["digest"], out["rank"], out["vote"], signatures)
-
-
-def _signature_rows(path: str, hashes: int, rows: np.ndarray) -> np.ndarray:
-    """Rows `rows` of a file of signatures of `hashes` bins each."""
-    n, rest = divmod(os.path.getsize(path), 2 * hashes)
-    if rest or (rows.size and int(rows.max()) >= n):
-        raise RuntimeError(f"near-duplicate graph: signature file {path} does not hold the rows a node table names")
-    return mapped_ids(path, "uint16", n * hashes).reshape(n, hashes)[rows]
 
 
 # ---------------------------------------------------------------------------------------------
