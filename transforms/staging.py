@@ -331,17 +331,13 @@ class StagingArea:
         the Sum sealed there (from the listing `entries` where it gives their CRC-32C, else by
         reading them). Damaged, naming the file, when either is not what was written."""
         header, _ = self._batch_header(unit, place)
-        path = self.path(UNITS, unit, place_name(place) + IDS)
-        rel = f"{UNITS}/{unit}/{place_name(place)}{IDS}"
-        why = stored_problem(self.fs, path, Sum.from_json(header["ids_sum"]), (entries or {}).get(rel))
-        if why:
-            raise Damaged(f"staged file {path}: damaged: {why}")
-        if "signatures_sum" in header:
-            path = self.path(UNITS, unit, place_name(place) + SIGNATURES)
-            why = stored_problem(self.fs, path, Sum.from_json(header["signatures_sum"]),
-                                 (entries or {}).get(f"{UNITS}/{unit}/{place_name(place)}{SIGNATURES}"))
+        for suffix, sealed in ((IDS, "ids_sum"), (SIGNATURES, "signatures_sum")):
+            if sealed not in header:  # signatures beside the batch: --dedup near, a local area
+                continue
+            rel = f"{UNITS}/{unit}/{place_name(place)}{suffix}"
+            why = stored_problem(self.fs, self.path(rel), Sum.from_json(header[sealed]), (entries or {}).get(rel))
             if why:
-                raise Damaged(f"staged file {path}: damaged: {why}")
+                raise Damaged(f"staged file {self.path(rel)}: damaged: {why}")
 
     def read_batch(self, unit: str, place: int) -> TokenizedBatch:
         """A staged batch, as it was tokenized, checked against the sums sealed with it; locally
@@ -361,10 +357,7 @@ class StagingArea:
             stored = storage_faults.cat_file(self.fs, base + IDS, f"staged file {base}{IDS}",
                                              lambda data: None if Sum.of(data) == want else "its checksum differs")
             ids_file = None
-        got = Sum.of(stored)
-        if got != want:
-            raise Damaged(f"staged file {base}{IDS}: damaged: {got.size} bytes of CRC-32C {got.crc32c:08x}, "
-                          f"{want.size} bytes of CRC-32C {want.crc32c:08x} were written")
+        _as_written(base + IDS, Sum.of(stored), want)
         if not header["local"]:
             ids = np.frombuffer(_IDS_CODEC.decode(stored), dtype=dtype)
         if ids.size != n:
@@ -386,10 +379,7 @@ class StagingArea:
             signatures = mapped_ids(path, "uint16", rows * hashes).reshape(rows, hashes)
         except (RuntimeError, KeyError, TypeError, ValueError) as e:  # another size; a header not put_batch's
             raise Damaged(f"staged file {path}: damaged: {e}") from None
-        got = Sum.of(signatures)
-        if got != want:
-            raise Damaged(f"staged file {path}: damaged: {got.size} bytes of CRC-32C {got.crc32c:08x}, "
-                          f"{want.size} bytes of CRC-32C {want.crc32c:08x} were written")
+        _as_written(path, Sum.of(signatures), want)
         return signatures
 
     def read_shard(self, job_key: str, name: str) -> tuple[dict, list]:
@@ -495,6 +485,13 @@ class StagingArea:
         except FileNotFoundError:
             pass
         self.fs.invalidate_cache(self.url)
+
+
+def _as_written(path: str, got: Sum, want: Sum) -> None:
+    """Damaged, naming the staged file at `path`, when what it holds is not what was written."""
+    if got != want:
+        raise Damaged(f"staged file {path}: damaged: {got.size} bytes of CRC-32C {got.crc32c:08x}, "
+                      f"{want.size} bytes of CRC-32C {want.crc32c:08x} were written")
 
 
 def _npz(header: dict, arrays: dict) -> memoryview:
