@@ -366,6 +366,9 @@ class StagingArea:
         if "signatures_sum" in header:  # beside the batch, in a local area
             signatures_file = base + SIGNATURES
             signatures = self._signatures_beside(signatures_file, header)
+            if signatures.shape[0] != arrays["offsets"].size:  # a shape that is not its documents'
+                raise Damaged(f"staged file {signatures_file}: holds {signatures.shape[0]} signatures, its documents "
+                              f"need {arrays['offsets'].size}")
         return TokenizedBatch(header["file_key"], header["split"], arrays["offsets"], arrays["lengths"], ids,
                               header["empty"], arrays.get("digests"), signatures, ids_file=ids_file,
                               defects=arrays.get("defects"), signatures_file=signatures_file)
