@@ -152,7 +152,7 @@ def test_a_staged_file_damaged_after_the_launch_fails_naming_it(tmp_path):
     ids = a.put_batch_ids(unit, 1, batch.ids)
     a.put_batch(unit, 1, a.batch_documents(batch, signatures_beside=True), ids, beside)
     again = a.read_batch(unit, 1)
-    assert np.array_equal(again.signatures, signatures) and again.signatures_file == a.batch_signatures_path(unit, 1)
+    assert np.array_equal(again.signatures, signatures) and again.signatures_file == (a.batch_signatures_path(unit, 1), beside)
     a.check_batch(unit, 1)
     # A shape forged in a resealed `.batch` (the file's bytes still match their Sum) is refused.
     forged = a.batch_documents(batch, signatures_beside=True)
@@ -163,9 +163,9 @@ def test_a_staged_file_damaged_after_the_launch_fails_naming_it(tmp_path):
             a.path("units", unit, staging.place_name(2) + staging.IDS))
     with pytest.raises(staging.Damaged, match="holds 6 signatures, its documents need 3"):
         a.read_batch(unit, 2)
-    flip(Path(again.signatures_file))
+    flip(Path(again.signatures_file.path))
     for read in (a.read_batch, a.check_batch):
-        with pytest.raises(staging.Damaged, match=f"{again.signatures_file}: damaged"):
+        with pytest.raises(staging.Damaged, match=f"{again.signatures_file.path}: damaged"):
             read(unit, 1)
 
     ids = Path(a.path("units", unit, staging.place_name(0) + staging.IDS))

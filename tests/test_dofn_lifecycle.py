@@ -87,7 +87,7 @@ def test_spilling_works_after_teardown(tmp_path):
                                   [[b] for b in batches])
     for parts, batch in zip(outputs, batches):
         assert parts and all(part.spilled for _, part in parts)
-        path = spill.batch_file_path(str(tmp_path), batch.file_key, int(batch.offsets[0]))
+        path = spill.batch_file(str(tmp_path), batch.file_key, int(batch.offsets[0]), batch.ids).path
         assert np.array_equal(np.fromfile(path, dtype=batch.ids.dtype), batch.ids)
 
 

@@ -6,8 +6,10 @@ import numpy as np
 import pytest
 import zarr
 
+from flat_tokens.format.checksums import Sum
 from flat_tokens.tools import verify
 from tests.helpers import check_flat_tokens, refused, run_pipeline, stats, write_jsonl
+from transforms.local_files import LocalFile
 from transforms.records import DistinctBatch, TokenizedBatch
 from transforms.tokenize.lengths import TRUNCATE, LengthLimits, limit_lengths
 
@@ -15,10 +17,13 @@ from transforms.tokenize.lengths import TRUNCATE, LengthLimits, limit_lengths
 # The pure function
 
 
+STAGED = LocalFile("/staged/ids", Sum(0, 0))
+
+
 def tokenized(lengths):
     ids = np.concatenate([np.full(n, i + 1, dtype=np.uint16) for i, n in enumerate(lengths)])
     return TokenizedBatch("0:a.jsonl", "auto", np.arange(len(lengths), dtype=np.uint64) * 100,
-                          np.array(lengths, dtype=np.int64), ids, empty=0, ids_file="/staged/ids")
+                          np.array(lengths, dtype=np.int64), ids, empty=0, ids_file=STAGED)
 
 
 def test_a_long_document_becomes_consecutive_pieces_with_its_own_place():
@@ -29,7 +34,7 @@ def test_a_long_document_becomes_consecutive_pieces_with_its_own_place():
     assert counts == {"too_short": 1, "truncated": 0, "truncated_tokens": 0, "split": 2, "extra_sequences": 3}
     assert batch.ids_file is None  # a document was dropped: not the staged file's ids any more
     kept, _ = limit_lengths(tokenized([3, 10]), LengthLimits(max_tokens=4))
-    assert kept.ids_file == "/staged/ids"  # split alone keeps every id where it lies
+    assert kept.ids_file == STAGED  # split alone keeps every id where it lies
 
 
 def test_truncate_keeps_the_first_tokens():

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import zarr
 
+from flat_tokens.format.checksums import Damaged
 from tests.helpers import SAMPLE, check_flat_tokens, refused, run_pipeline, write_jsonl
 from tests.test_resume import dataset_digest, kill_when, resume, staged_now, units_staged
 from transforms.tokenize import minhash, words
@@ -775,11 +776,29 @@ def test_pairs_verified_from_node_tables_in_the_spill_directory_are_those_verifi
     assert pairs_of(local, "near") and pairs_of(local, "edges")
     with pytest.raises(RuntimeError, match="does not hold"):
         read_nodes(str(tmp_path), np.array([(1 << 32) | n], dtype=np.uint64), k)
-    # A table's rows name their signatures in a file: one cut short is refused, not read past.
-    signatures = tmp_path / "nodes-000001.table.signatures"
-    signatures.write_bytes(signatures.read_bytes()[:-2 * k])
-    with pytest.raises(RuntimeError, match="signature file .* does not hold the rows"):
-        read_nodes(str(tmp_path), np.array([(1 << 32) | (n - 1)], dtype=np.uint64), k)
+    # Every file read back is checked against the Sum written with it, and named when it is
+    # not what was written: a table's signatures cut short or with a bit flipped, a table
+    # with a bit flipped or another shard's table in its place, a listing with a bit flipped.
+    one = np.array([(1 << 32) | (n - 1)], dtype=np.uint64)
+    for name, damage, kind in [("nodes-000001.table.signatures", lambda b: b[:-2 * k], "signature file"),
+                               ("nodes-000001.table.signatures", flip_a_bit, "signature file"),
+                               ("nodes-000001.table", flip_a_bit, "node table"),
+                               ("nodes-000001.table", lambda b: (tmp_path / "nodes-000002.table").read_bytes(),
+                                "node table"),
+                               ("nodes-000001.table.files", flip_a_bit, "node table listing")]:
+        path = tmp_path / name
+        good = path.read_bytes()
+        path.write_bytes(damage(good))
+        with pytest.raises(Damaged, match=f"{kind} {re.escape(str(path))}.*: damaged"):
+            read_nodes(str(tmp_path), one, k)
+        path.write_bytes(good)
+        assert read_nodes(str(tmp_path), one, k).ids.tolist() == one.tolist()
+
+
+def flip_a_bit(data: bytes) -> bytes:
+    flipped = bytearray(data)
+    flipped[len(data) // 2] ^= 0x04
+    return bytes(flipped)
 
 
 def _graph_by_shard(a, b, first, second, held, rounds):

@@ -6,10 +6,12 @@ import numpy as np
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
+from flat_tokens.format.checksums import Damaged
 from pipeline.graph import build_pipeline
 from pipeline.options import FlatTokensOptions
 from pipeline.plan import plan_job
 from tests.helpers import SAMPLE
+from transforms.local_files import write_whole
 from transforms.records import DocumentBatch, RecordCoder, ShardPart, SortedShard, TokenizedBatch
 
 rng = np.random.default_rng(0)
@@ -27,15 +29,17 @@ def test_a_batch_whose_ids_and_signatures_lie_in_files_crosses_stages_naming_the
     """Staged locally, a batch's ids and near signatures lie in files: it crosses a runner's
     shuffle as their names (a few hundred bytes), and comes back as the same arrays."""
     ids, signatures = rng.integers(0, 50_000, 10_000).astype(np.uint16), rng.integers(0, 2**16, (50, 64)).astype(np.uint16)
-    (tmp_path / "ids").write_bytes(ids.tobytes())
-    (tmp_path / "signatures").write_bytes(signatures.tobytes())
     batch = TokenizedBatch("0:a.jsonl", "auto", np.arange(50, dtype=np.uint64), np.full(50, 200), ids, 0,
-                           signatures=signatures, ids_file=str(tmp_path / "ids"),
-                           signatures_file=str(tmp_path / "signatures"))
+                           signatures=signatures, ids_file=write_whole(str(tmp_path / "ids"), ids),
+                           signatures_file=write_whole(str(tmp_path / "signatures"), signatures))
     encoded = RecordCoder().encode(batch)
     back = RecordCoder().decode(encoded)
     whole = RecordCoder().encode(dataclasses.replace(batch, ids_file=None, signatures_file=None))
     assert len(encoded) < len(whole) / 10 and np.array_equal(back.ids, ids) and np.array_equal(back.signatures, signatures)
+    # The names carry the Sums of what was written: a file changed since is refused, named.
+    (tmp_path / "signatures").write_bytes(signatures[::-1].tobytes())
+    with pytest.raises(Damaged, match=f"staged file {tmp_path / 'signatures'}: damaged: its CRC-32C"):
+        RecordCoder().decode(encoded)
 
 
 @pytest.mark.parametrize("record", RECORDS, ids=lambda r: type(r).__name__)

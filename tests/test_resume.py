@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from flat_tokens.format.checksums import Sum
 from flat_tokens.tools import verify
 from tests.beam_services import portable_services
 from tests.gcs_emulator import BUCKET, gcs  # noqa: F401 - pytest fixture
@@ -427,10 +428,10 @@ def test_staged_ids_are_written_while_the_next_batch_is_tokenized_and_a_failed_w
     units = {"0:a.jsonl": ([0], ["a" * 32]), "1:b.jsonl": ([0], ["b" * 32])}
     area = staging.StagingArea(str(tmp_path / "out"), unit_keys=units)
     out = stage_batches(area, [("0:a.jsonl", ["one", "two"]), ("1:b.jsonl", ["three", "four", "five"])])
-    assert [t.ids_file for t in out] == [area.batch_ids_path(u[1][0], 0) for u in units.values()]
+    assert [t.ids_file.path for t in out] == [area.batch_ids_path(u[1][0], 0) for u in units.values()]
     for t in out:
-        assert open(t.ids_file, "rb").read() == t.ids.tobytes() and t.ids.size > 0
-        assert os.path.exists(t.ids_file.removesuffix(staging.IDS) + staging.BATCH)
+        assert open(t.ids_file.path, "rb").read() == t.ids.tobytes() and t.ids.size > 0 and t.ids_file.sum == Sum.of(t.ids)
+        assert os.path.exists(t.ids_file.path.removesuffix(staging.IDS) + staging.BATCH)
 
     broken = staging.StagingArea(str(tmp_path / "broken"), unit_keys=units)
     folder = tmp_path / "broken" / STAGING / "units"

@@ -7,6 +7,7 @@ import re
 import numpy as np
 import pytest
 
+from flat_tokens.format.checksums import Damaged
 from tests.helpers import run_pipeline, write_jsonl
 from transforms.records import TokenizedBatch
 from transforms.shuffle import spill
@@ -68,15 +69,33 @@ def test_a_shard_sorts_the_same_from_spilled_and_in_band_parts(tmp_path):
     assert len(os.listdir(tmp_path)) == 3
 
 
-def test_a_spilled_part_whose_file_is_gone_fails_with_its_path(tmp_path):
+def test_a_spilled_part_whose_file_is_gone_or_damaged_fails_with_its_path(tmp_path):
+    """A part's file is checked against the Sum of the ids written to it: gone, cut short, a
+    bit flipped, or another batch's file of the same size in its place, each fails naming it."""
     (_, part), *_ = key_by_shard(KeyByShard(0, 0.0, NUM_SHARDS, str(tmp_path)), a_batch())
-    os.remove(part.spilled.path)
-    with pytest.raises(FileNotFoundError, match=os.path.basename(part.spilled.path)):
+    path = part.spilled.file.path
+    good = open(path, "rb").read()
+    os.remove(path)
+    with pytest.raises(FileNotFoundError, match=os.path.basename(path)):
         part.ids()
-    with open(part.spilled.path, "wb") as f:
-        f.write(b"short")
-    with pytest.raises(RuntimeError, match="expected .* bytes"):
+    with open(path, "wb") as f:
+        f.write(good[:-2])
+    with pytest.raises(Damaged, match=f"shuffle spill file {re.escape(path)}: damaged: {len(good) - 2} bytes"):
         part.ids()
+    flipped = bytearray(good)
+    flipped[len(good) // 2] ^= 0x10
+    with open(path, "wb") as f:
+        f.write(flipped)
+    with pytest.raises(Damaged, match=f"shuffle spill file {re.escape(path)}: damaged: its CRC-32C"):
+        part.ids()
+    with open(path, "wb") as f:  # another batch's ids, as many
+        f.write(np.resize(a_batch(seed=1).ids, len(good) // 2).tobytes())
+    assert os.path.getsize(path) == len(good)
+    with pytest.raises(Damaged, match="damaged: its CRC-32C"):
+        part.ids()
+    with open(path, "wb") as f:
+        f.write(good)
+    assert np.array_equal(part.ids(), split_and_shard(a_batch(), 0, 0.0, NUM_SHARDS).__next__()[1].ids())
 
 
 def test_a_batch_goes_on_while_its_ids_are_written_and_a_failed_write_fails_the_bundle(tmp_path):
@@ -86,10 +105,10 @@ def test_a_batch_goes_on_while_its_ids_are_written_and_a_failed_write_fails_the_
     batches = [TokenizedBatch(f"{i}:f{i}.jsonl", "auto", b.offsets, b.lengths, b.ids, 0)
                for i, b in enumerate(a_batch(seed, 100) for seed in range(3))]
     out = key_by_shard(KeyByShard(3, 0.1, NUM_SHARDS, str(tmp_path)), *batches)
-    named = {part.spilled.path for _, part in out}
+    named = {part.spilled.file.path for _, part in out}
     assert named == {str(tmp_path / name) for name in os.listdir(tmp_path)} and len(named) == 3
     for batch in batches:
-        path = spill.batch_file_path(str(tmp_path), batch.file_key, int(batch.offsets[0]))
+        path = spill.batch_file(str(tmp_path), batch.file_key, int(batch.offsets[0]), batch.ids).path
         assert np.array_equal(np.fromfile(path, dtype=batch.ids.dtype), batch.ids)
     gone = tmp_path / "gone"
     fn = KeyByShard(3, 0.1, NUM_SHARDS, str(gone))
@@ -97,7 +116,7 @@ def test_a_batch_goes_on_while_its_ids_are_written_and_a_failed_write_fails_the_
     try:
         fn.start_bundle()
         parts = list(fn.process(batches[0]))
-        assert parts and all(part.spilled.path.startswith(str(gone)) for _, part in parts)
+        assert parts and all(part.spilled.file.path.startswith(str(gone)) for _, part in parts)
         with pytest.raises(FileNotFoundError, match="gone"):
             fn.finish_bundle()
     finally:
@@ -141,14 +160,21 @@ def test_a_spilled_fragment_holds_its_values_and_a_retry_writes_the_same_file(tm
     key = ("train", "encoded_tokens", 7)
     k, (start, spilled) = spill_fragment((key, (1_835_000, values)), str(tmp_path))
     assert (k, start) == (key, 1_835_000) and isinstance(spilled, SpilledFragment)
-    first = open(spilled.path, "rb").read()
+    path = spilled.file.path
+    first = open(path, "rb").read()
     assert spill_fragment((key, (1_835_000, values.copy())), str(tmp_path))[1][1] == spilled  # a retried bundle
-    assert open(spilled.path, "rb").read() == first and os.listdir(tmp_path) == [os.path.basename(spilled.path)]
+    assert open(path, "rb").read() == first and os.listdir(tmp_path) == [os.path.basename(path)]
     got = fragment_values(pickle.loads(pickle.dumps(spilled)))
     assert got.dtype == values.dtype and np.array_equal(got, values)
     assert fragment_values(values) is values  # fragments of remote runs travel as they are
-    os.remove(spilled.path)
-    with pytest.raises(FileNotFoundError, match=os.path.basename(spilled.path)):
+    # Checked against the Sum of the values written: a flipped bit fails, naming the file.
+    flipped = bytearray(first)
+    flipped[-1] ^= 1
+    open(path, "wb").write(flipped)
+    with pytest.raises(Damaged, match=f"shared-chunk fragment {re.escape(path)}: damaged"):
+        fragment_values(spilled)
+    os.remove(path)
+    with pytest.raises(FileNotFoundError, match=os.path.basename(path)):
         fragment_values(spilled)
 
 

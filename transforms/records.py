@@ -3,8 +3,6 @@
 Batching keeps Beam's per-element cost (pickling, a GroupByKey entry) off every document,
 and numpy arrays pickle as flat buffers. RecordCoder (below) is registered for each type.
 """
-import mmap
-import os
 import pickle
 from dataclasses import dataclass, field, fields
 
@@ -12,6 +10,7 @@ import apache_beam as beam
 import numcodecs
 import numpy as np
 
+from transforms.local_files import LocalFile, mapped
 from transforms.segments import take_documents
 
 # The two splits of a dataset, in the order every stage numbers them.
@@ -43,14 +42,14 @@ class TokenizedBatch:
     # Where these ids lie on local disk as they are, when a run staged them there
     # (transforms/staging.py): the shuffle's spill then maps that file instead of writing one,
     # and a batch that crosses from one stage to another (a resumed run's replayed batches
-    # meet the freshly tokenized ones in a Flatten) carries the file's name, not its ids.
-    ids_file: str | None = None
+    # meet the freshly tokenized ones in a Flatten) carries the file's name and Sum, not its ids.
+    ids_file: LocalFile | None = None
     # (n,) uint16 copy_defects (capitals, whitespace anomalies), with --dedup near only: which
     # near-copy a cluster keeps
     defects: np.ndarray | None = None
     # Where these signatures lie on local disk as they are, when a run staged them there: near
     # dedup's node parts then name that file instead of writing one (as ids_file for ids).
-    signatures_file: str | None = None
+    signatures_file: LocalFile | None = None
 
     def __getstate__(self):
         state = dict(self.__dict__)
@@ -62,36 +61,24 @@ class TokenizedBatch:
 
     def __setstate__(self, state):
         if state["ids_file"] is not None:
-            state["ids"] = mapped_ids(state["ids_file"], *state["ids"])
+            state["ids"] = mapped(state["ids_file"], *state["ids"], kind="staged file")
         if state.get("signatures_file") is not None:
             rows, hashes = state["signatures"]
-            state["signatures"] = mapped_ids(state["signatures_file"], "uint16", rows * hashes).reshape(rows, hashes)
+            state["signatures"] = mapped(state["signatures_file"], "uint16", rows * hashes,
+                                         kind="staged file").reshape(rows, hashes)
         self.__dict__.update(state)
 
 
-def mapped_ids(path: str, dtype: str, n: int) -> np.ndarray:
-    """A local file of `n` ids as they are, mapped read-only; checked to hold exactly them."""
-    dtype = np.dtype(dtype)
-    size = os.path.getsize(path)  # FileNotFoundError names the path
-    if size != n * dtype.itemsize:
-        raise RuntimeError(f"ids file {path}: {size} bytes, expected {n * dtype.itemsize}")
-    if n == 0:
-        return np.empty(0, dtype=dtype)
-    with open(path, "rb") as f:
-        # A plain array over the mapping; the mapping lives as long as any view of it.
-        return np.frombuffer(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ), dtype=dtype)
-
-
-def signature_rows(path: str, hashes: int, rows: np.ndarray, file_rows: int | None = None) -> np.ndarray:
+def signature_rows(file: LocalFile, hashes: int, rows: np.ndarray, file_rows: int | None = None) -> np.ndarray:
     """Rows `rows` of a local file of (file_rows, hashes) uint16 signatures (file_rows None:
-    as many as the file holds whole), mapped; refused when it does not hold them."""
+    as many as were written to it), mapped and checked; refused when it does not hold them."""
     if file_rows is None:
-        file_rows, rest = divmod(os.path.getsize(path), 2 * hashes)  # FileNotFoundError names the path
+        file_rows, rest = divmod(file.sum.size, 2 * hashes)
         if rest:
-            raise RuntimeError(f"signature file {path}: {rest} bytes past its last whole row")
+            raise RuntimeError(f"signature file {file.path}: {rest} bytes past its last whole row")
     if rows.size and int(rows.max()) >= file_rows:
-        raise RuntimeError(f"signature file {path} does not hold the rows asked for: it holds {file_rows}")
-    return mapped_ids(path, "uint16", file_rows * hashes).reshape(file_rows, hashes)[rows]
+        raise RuntimeError(f"signature file {file.path} does not hold the rows asked for: it holds {file_rows}")
+    return mapped(file, "uint16", file_rows * hashes, kind="signature file").reshape(file_rows, hashes)[rows]
 
 
 def narrowest_ids(ids: np.ndarray, top: int | None = None) -> np.ndarray:
@@ -368,7 +355,7 @@ class DedupPart:
     lengths: np.ndarray  # int64
     packed_ids: bytes  # as in ShardPart; empty when the ids are in `ids_file`
     ids_dtype: str
-    ids_file: str | None = None  # the batch's ids file, holding `file_ids` ids
+    ids_file: LocalFile | None = None  # the batch's ids file, holding `file_ids` ids
     file_ids: int = 0
     starts: np.ndarray | None = None  # where each document starts in `ids_file`
 
@@ -378,7 +365,7 @@ class DedupPart:
         return cls(file_key, split, offsets, digests, lengths, _SHUFFLE_CODEC.encode(ids), ids.dtype.name)
 
     @classmethod
-    def in_file(cls, file_key, split, offsets, digests, lengths, ids_file: str, ids: np.ndarray,
+    def in_file(cls, file_key, split, offsets, digests, lengths, ids_file: LocalFile, ids: np.ndarray,
                 starts: np.ndarray) -> "DedupPart":
         """A part whose documents are at `starts` of the local file `ids_file`, which holds `ids`."""
         return cls(file_key, split, offsets, digests, lengths, b"", ids.dtype.name, ids_file, int(ids.size), starts)
@@ -386,7 +373,8 @@ class DedupPart:
     def documents(self, members: np.ndarray) -> np.ndarray:
         """The ids of documents `members` of the part, concatenated in that order."""
         if self.ids_file is not None:
-            return take_documents(mapped_ids(self.ids_file, self.ids_dtype, self.file_ids), self.starts[members],
+            return take_documents(mapped(self.ids_file, self.ids_dtype, self.file_ids, kind="staged file"),
+                                  self.starts[members],
                                   self.lengths[members])
         ids = np.frombuffer(_SHUFFLE_CODEC.decode(self.packed_ids), dtype=self.ids_dtype)
         return take_documents(ids, (np.cumsum(self.lengths) - self.lengths)[members], self.lengths[members])
@@ -439,7 +427,7 @@ class NodePart:
     ranks: np.ndarray  # uint64
     votes: np.ndarray  # int8
     signatures: np.ndarray | None = None  # (n, K) uint16
-    signature_file: str | None = None  # a file of (file_rows, K) uint16 signatures ...
+    signature_file: LocalFile | None = None  # a file of (file_rows, K) uint16 signatures ...
     rows: np.ndarray | None = None  # ... whose rows these documents' are
     file_rows: int = 0
     hashes: int = 0  # K
@@ -464,7 +452,7 @@ class BandPart:
     nodes: np.ndarray  # uint64 node ids, one per node (or per entry)
     order_keys: np.ndarray  # uint64: the first half of each node's content digest, likewise
     counts: np.ndarray | None  # uint16: each node's entries, which come in that order; None: one each
-    hashes_file: str | None = None  # local runs: a file of the hashes (8 bytes an entry), in the spill directory
+    hashes_file: LocalFile | None = None  # local runs: a file of the hashes (8 bytes an entry), in the spill directory
 
     @classmethod
     def of(cls, hashes: np.ndarray, nodes: np.ndarray, order_keys: np.ndarray) -> "BandPart":
@@ -484,7 +472,7 @@ class BandPart:
     def band_hashes(self) -> np.ndarray:
         if self.hashes_file is None:
             return self.hashes
-        return mapped_ids(self.hashes_file, "uint64", self.entries)
+        return mapped(self.hashes_file, "uint64", self.entries, kind="band hashes file")
 
     def entry_nodes(self) -> np.ndarray:
         return self.nodes if self.counts is None else np.repeat(self.nodes, self.counts)

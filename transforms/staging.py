@@ -66,7 +66,8 @@ from fsspec.core import url_to_fs
 from transforms import create_only
 from flat_tokens.format import storage_faults
 from flat_tokens.format.checksums import Damaged, Sum, seal, stored_problem, unseal
-from transforms.records import TokenizedBatch, mapped_ids
+from transforms.local_files import LocalFile, mapped
+from transforms.records import TokenizedBatch
 
 FOLDER = ".flat-tokens-staging"
 FORMAT = 2  # of the objects below; part of every key. 2: every object carries its checksum, and a unit's
@@ -347,43 +348,41 @@ class StagingArea:
         dtype, n = np.dtype(header["ids_dtype"]), header["ids"]
         want = Sum.from_json(header["ids_sum"])
         if header["local"]:
+            ids_file = LocalFile(base + IDS, want)
             try:
-                ids = mapped_ids(base + IDS, dtype, n)
-            except RuntimeError as e:  # a file of another size than its documents need
+                ids = mapped(ids_file, dtype, n, kind="staged file")  # checked against `want`
+            except RuntimeError as e:  # a Sum of another size than its documents need
                 raise Damaged(f"staged file {base}{IDS}: damaged: {e}") from None
-            stored = ids
-            ids_file = base + IDS
         else:
             stored = storage_faults.cat_file(self.fs, base + IDS, f"staged file {base}{IDS}",
                                              lambda data: None if Sum.of(data) == want else "its checksum differs")
+            _as_written(base + IDS, Sum.of(stored), want)
             ids_file = None
-        _as_written(base + IDS, Sum.of(stored), want)
-        if not header["local"]:
             ids = np.frombuffer(_IDS_CODEC.decode(stored), dtype=dtype)
         if ids.size != n:
             raise Damaged(f"staged file {base}{IDS}: holds {ids.size} ids, its documents need {n}")
         signatures, signatures_file = arrays.get("signatures"), None
         if "signatures_sum" in header:  # beside the batch, in a local area
-            signatures_file = base + SIGNATURES
-            signatures = self._signatures_beside(signatures_file, header)
+            signatures_file, signatures = self._signatures_beside(base + SIGNATURES, header)
             if signatures.shape[0] != arrays["offsets"].size:  # a shape that is not its documents'
-                raise Damaged(f"staged file {signatures_file}: holds {signatures.shape[0]} signatures, its documents "
-                              f"need {arrays['offsets'].size}")
+                raise Damaged(f"staged file {signatures_file.path}: holds {signatures.shape[0]} signatures, its "
+                              f"documents need {arrays['offsets'].size}")
         return TokenizedBatch(header["file_key"], header["split"], arrays["offsets"], arrays["lengths"], ids,
                               header["empty"], arrays.get("digests"), signatures, ids_file=ids_file,
                               defects=arrays.get("defects"), signatures_file=signatures_file)
 
     @staticmethod
-    def _signatures_beside(path: str, header: dict) -> np.ndarray:
-        """A batch's staged signatures file, mapped and checked against the Sum sealed with it."""
+    def _signatures_beside(path: str, header: dict) -> tuple[LocalFile, np.ndarray]:
+        """A batch's staged signatures file, and its signatures mapped and checked against the
+        Sum sealed with them."""
         try:
             rows, hashes = (int(x) for x in header["signatures_shape"])
-            want = Sum.from_json(header["signatures_sum"])
-            signatures = mapped_ids(path, "uint16", rows * hashes).reshape(rows, hashes)
+            file = LocalFile(path, Sum.from_json(header["signatures_sum"]))
+            return file, mapped(file, "uint16", rows * hashes, kind="staged file").reshape(rows, hashes)
+        except Damaged:
+            raise
         except (RuntimeError, KeyError, TypeError, ValueError) as e:  # another size; a header not put_batch's
             raise Damaged(f"staged file {path}: damaged: {e}") from None
-        _as_written(path, Sum.of(signatures), want)
-        return signatures
 
     def read_shard(self, job_key: str, name: str) -> tuple[dict, list]:
         """A shard record, checked: (header, fragments as [((split, array, index), (start,

@@ -13,6 +13,7 @@ import numpy as np
 
 from transforms import hashing
 from transforms.read import mixture
+from transforms.local_files import LocalFile
 from transforms.read.inputs import input_index, place_name
 from transforms.records import SPLITS, DistinctBatch, EncodedTokens, ShardPart, ShardSize, SortedShard, TokenizedBatch
 from transforms.segments import SLICE_WHEN_AVERAGE_LENGTH, gather_segments, groups_of, take_documents
@@ -78,7 +79,7 @@ def copies_of(doc: DocumentKeys, sampling) -> np.ndarray:
 
 def split_and_shard(batch: TokenizedBatch | DistinctBatch, seed: int, validation_fraction: float,
                     num_shards: dict[str, int], sampling=None, source_of_input: list[int] | None = None,
-                    spilled_to: str | None = None, record_sources: list[int] | None = None,
+                    spilled_to: LocalFile | None = None, record_sources: list[int] | None = None,
                     finished: frozenset = frozenset()):
     """Yields ((split, shard), ShardPart) for each (split, shard) that the batch's documents
     (and with a mixture's `sampling`, their copies: each with its own place) hit, except the
@@ -223,9 +224,8 @@ class KeyByShard(WritesBehindWithSpillDir, beam.DoFn):
         if self._spill_dir and batch.lengths.size:
             spilled_to = getattr(batch, "ids_file", None)
             if spilled_to is None:
-                identity = batch_identity(batch)
-                self._writer.submit(spill.spill_ids, self._spill_dir, *identity, batch.ids)
-                spilled_to = spill.batch_file_path(self._spill_dir, *identity)
+                spilled_to = spill.batch_file(self._spill_dir, *batch_identity(batch), batch.ids)
+                self._writer.submit(spill.spill_ids, spilled_to, batch.ids)
         yield from split_and_shard(batch, self._seed, self._validation_fraction, self._num_shards,
                                    sampling, source_of_input, spilled_to, self._record_sources, self._finished)
 

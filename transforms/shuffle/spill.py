@@ -14,7 +14,8 @@ gathered together, saves a copy of every id on the stage that tokenizes.
 Retries: a file's name is a pure function of its batch (input file key and first byte
 offset), its content a pure function of the batch's documents, and it is written under a
 temporary name and renamed into place, so a retried or duplicated bundle puts the same
-bytes at the same name and a reader never sees half a file.
+bytes at the same name and a reader never sees half a file. The parts carry the Sum of
+what was written, and every read checks the file against it (transforms/local_files.py).
 
 The directory is created by the launcher, named after the run, and removed by it when the
 run ends, however it ends (SIGTERM and SIGINT included), or by a later run when its process
@@ -24,15 +25,14 @@ nothing else is ever deleted. Only when every worker sees the launcher's disk
 elsewhere share no disk with it, so there the ids travel in the shuffle (`spill_dir` is None).
 """
 import hashlib
-import mmap
 import os
 import shutil
 import tempfile
-import uuid
 from dataclasses import dataclass
 
 import numpy as np
 
+from transforms.local_files import LocalFile, mapped, write_whole
 from transforms.segments import take_documents
 
 PREFIX = "flat-tokens-shuffle-"
@@ -41,29 +41,24 @@ PREFIX = "flat-tokens-shuffle-"
 @dataclass(frozen=True, eq=False)
 class SpilledDocuments:
     """Where a part's documents are: document i at element `starts[i]` of the ids file
-    `path` (its length is the part's `lengths[i]`)."""
+    `file` (its length is the part's `lengths[i]`)."""
 
-    path: str
+    file: LocalFile
     starts: np.ndarray  # uint32 (int64 for a batch of 2**32 ids or more)
 
     def __eq__(self, other):
-        return (isinstance(other, SpilledDocuments) and self.path == other.path
+        return (isinstance(other, SpilledDocuments) and self.file == other.file
                 and np.array_equal(self.starts, other.starts))
 
     def mapped(self, dtype: str, lengths: np.ndarray) -> np.ndarray:
-        """The whole file's ids, mapped read-only; checked to hold every document."""
+        """The whole file's ids, mapped read-only, checked against the Sum written with them
+        (transforms/local_files.py) and to hold every document."""
+        ids = mapped(self.file, dtype, kind="shuffle spill file")
         needed = int((self.starts + lengths).max()) if lengths.size else 0
-        size = os.path.getsize(self.path)  # FileNotFoundError names the path
-        itemsize = np.dtype(dtype).itemsize
-        if size < needed * itemsize:
-            raise RuntimeError(f"shuffle spill file {self.path}: expected at least {needed * itemsize} bytes, "
-                               f"found {size}; was the run's temporary directory changed while it ran?")
-        if size == 0:
-            return np.empty(0, dtype=dtype)
-        with open(self.path, "rb") as f:
-            # A plain array over the mapping (np.memmap's slices are slower to make); the
-            # mapping lives as long as any view of it.
-            return np.frombuffer(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ), dtype=dtype)
+        if ids.size < needed:
+            raise RuntimeError(f"shuffle spill file {self.file.path}: holds {ids.size} ids, its documents need "
+                               f"{needed}")
+        return ids
 
     def read(self, dtype: str, lengths: np.ndarray) -> np.ndarray:
         """The part's ids, documents concatenated in the part's order (a copy)."""
@@ -76,22 +71,16 @@ def batch_file_name(file_key: str, first_offset: int) -> str:
     return f"{digest}-{first_offset:016x}.ids"
 
 
-def batch_file_path(directory: str, file_key: str, first_offset: int) -> str:
-    """Where spill_ids puts the ids of the batch that starts at `first_offset` of `file_key`."""
-    return os.path.join(directory, batch_file_name(file_key, first_offset))
+def batch_file(directory: str, file_key: str, first_offset: int, ids: np.ndarray) -> LocalFile:
+    """The file spill_ids writes the ids of the batch that starts at `first_offset` of `file_key` to."""
+    return LocalFile.of(os.path.join(directory, batch_file_name(file_key, first_offset)), np.ascontiguousarray(ids))
 
 
-def spill_ids(directory: str, file_key: str, first_offset: int, ids: np.ndarray) -> None:
-    """Writes one batch's ids, as they are, to batch_file_path's file."""
-    _write_whole(batch_file_path(directory, file_key, first_offset), np.ascontiguousarray(ids))
-
-
-def _write_whole(path: str, values: np.ndarray) -> None:
-    """Under a temporary name, then renamed into place: a reader never sees half a file."""
-    temporary = f"{path}.{uuid.uuid4().hex}.tmp"
-    with open(temporary, "wb") as f:
-        f.write(values.data)
-    os.replace(temporary, path)
+def spill_ids(file: LocalFile, ids: np.ndarray) -> None:
+    """Writes one batch's ids, as they are, to its batch_file."""
+    written = write_whole(file.path, np.ascontiguousarray(ids))
+    if written != file:  # the ids changed between naming the file and writing it: a bug, never data
+        raise RuntimeError(f"shuffle spill file {file.path}: wrote {written.sum}, named {file.sum}")
 
 
 @dataclass(frozen=True)
@@ -102,16 +91,12 @@ class SpilledFragment:
     and the in-process runner held them several times over (issue 21: 85 MB, four times, at
     the peak of a 5 GB run)."""
 
-    path: str
+    file: LocalFile
     dtype: str
-    size: int
 
     def values(self) -> np.ndarray:
-        values = np.fromfile(self.path, dtype=self.dtype)  # FileNotFoundError names the path
-        if values.size != self.size:
-            raise RuntimeError(f"shared-chunk fragment {self.path}: {values.size} values, expected {self.size}; "
-                               f"was the run's temporary directory changed while it ran?")
-        return values
+        """The fragment's values (a copy), checked against the Sum written with them."""
+        return np.array(mapped(self.file, self.dtype, kind="shared-chunk fragment"))
 
 
 def spill_fragment(fragment, directory: str):
@@ -121,9 +106,8 @@ def spill_fragment(fragment, directory: str):
     key, (start, values) = fragment
     split, name, index = key
     values = np.ascontiguousarray(values)
-    path = os.path.join(directory, f"fragment-{split}-{name}-{index}-{start}.values")
-    _write_whole(path, values)
-    return key, (start, SpilledFragment(path, values.dtype.str, int(values.size)))
+    file = write_whole(os.path.join(directory, f"fragment-{split}-{name}-{index}-{start}.values"), values)
+    return key, (start, SpilledFragment(file, values.dtype.str))
 
 
 def fragment_values(values) -> np.ndarray:

@@ -61,17 +61,18 @@ import hashlib
 import json
 import math
 import os
-import uuid
 from collections import defaultdict
 from typing import NamedTuple
 
 import apache_beam as beam
 import numpy as np
 
+from flat_tokens.format.checksums import Sum, seal, unseal
 from transforms import hashing
+from transforms.local_files import LocalFile, mapped, write_whole
 from transforms.read.inputs import input_index
 from transforms.records import (BandPart, Edges, NearDecisions, NodePart, Nodes, TokenizedBatch, VerifiedPairs,
-                               mapped_ids, signature_rows)
+                               signature_rows)
 from transforms.segments import groups_of
 from transforms.tokenize import minhash, near_index
 from transforms.write_behind import WritesBehindWithSpillDir
@@ -164,18 +165,21 @@ class KeyNodes(WritesBehindWithSpillDir, beam.DoFn):
         ranks = rank_of(batch.file_key, batch.lengths[signed],
                         None if batch.defects is None else batch.defects[signed])
         votes = np.full(signed.size, vote_of(batch.split), dtype=np.int8)
-        path = None
+        file = None
         if self._writer and batch.signatures_file:  # staged beside the batch (transforms/staging.py): named as it is
-            path, rows = batch.signatures_file, signed
+            file, rows = batch.signatures_file, signed
         elif self._writer:
-            path, rows = os.path.join(self._spill_dir, signature_file_name(batch.file_key, int(batch.offsets[0]))), None
-            self._writer.submit(write_whole, path, np.ascontiguousarray(signatures))
+            signatures = np.ascontiguousarray(signatures)
+            file, rows = LocalFile.of(os.path.join(self._spill_dir, signature_file_name(batch.file_key,
+                                                                                        int(batch.offsets[0]))),
+                                      signatures), None
+            self._writer.submit(write_whole, file.path, signatures)
         for shard, members in groups_of(hashing.content_shards(digests, self._seed, self._num_shards)):
             keys = (digests[members], ranks[members], votes[members])
-            if path is None:
+            if file is None:
                 yield int(shard), NodePart(*keys, signatures=signatures[members])
             else:
-                yield int(shard), NodePart(*keys, signature_file=path,
+                yield int(shard), NodePart(*keys, signature_file=file,
                                            rows=(members if rows is None else rows[members]).astype(np.uint32),
                                            file_rows=signed.size if rows is None else batch.signatures.shape[0],
                                            hashes=signatures.shape[1])
@@ -185,14 +189,6 @@ def signature_file_name(file_key: str, first_offset: int) -> str:
     """The signature file of the batch that starts at byte `first_offset` of input `file_key`:
     a pure function of the batch, so a retried bundle writes the same bytes to the same name."""
     return f"{hashlib.blake2b(file_key.encode('utf-8'), digest_size=8).hexdigest()}-{first_offset:016x}.signatures"
-
-
-def write_whole(path: str, values: np.ndarray) -> None:
-    """Under a temporary name, then renamed into place: a reader never sees half a file."""
-    temporary = f"{path}.{uuid.uuid4().hex}.tmp"
-    with open(temporary, "wb") as f:
-        f.write(values.data)
-    os.replace(temporary, path)
 
 
 def node_table(keyed_parts, spill_dir: str | None = None):
@@ -239,40 +235,45 @@ def write_table(spill_dir: str, shard: int, table: Nodes, sources: tuple | None 
     """A node table as rows of a file in the spill directory, row i its node i (local runs: the
     nodes of candidate pairs are read from there, not carried through the runner). A row names
     its node's signature, row `row` of signature file `file`, rather than holding it (512
-    bytes a node, all of them written again): `sources` is (the signature files, each node's
-    file in them, its row there); None writes the table's signatures to a file of its own."""
+    bytes a node, all of them written again): `sources` is (the signature files, LocalFiles,
+    each node's file in them, its row there); None writes the table's signatures to a file of
+    its own. Beside the table, sealed, `.files` lists the signature files and the table's Sum."""
     if sources is None:
-        path = node_table_file(spill_dir, shard) + ".signatures"
-        write_whole(path, np.ascontiguousarray(table.signatures))
-        sources = ([path], np.zeros(table.ids.size, np.uint32), np.arange(table.ids.size, dtype=np.uint32))
+        own = write_whole(node_table_file(spill_dir, shard) + ".signatures", np.ascontiguousarray(table.signatures))
+        sources = ([own], np.zeros(table.ids.size, np.uint32), np.arange(table.ids.size, dtype=np.uint32))
     files, file_of, row_in_file = sources
-    write_whole(node_table_file(spill_dir, shard) + ".files", np.frombuffer(json.dumps(files).encode(), np.uint8))
     rows = np.zeros(table.ids.size, dtype=_TABLE_ROW)
     rows["id"], rows["digest"], rows["rank"], rows["vote"], rows["file"], rows["row"] = \
         table.ids, table.digests, table.ranks, table.votes, file_of, row_in_file
-    write_whole(node_table_file(spill_dir, shard), rows)
+    written = write_whole(node_table_file(spill_dir, shard), rows)
+    listing = {"table": written.sum.to_json(), "files": [[f.path, *f.sum.to_json()] for f in files]}
+    write_whole(node_table_file(spill_dir, shard) + ".files", seal(json.dumps(listing).encode()))
+
+
+def _table_files(path: str) -> tuple[LocalFile, list[LocalFile]]:
+    """A node table at `path` and the signature files it names, as its sealed `.files` lists them."""
+    with open(path + ".files", "rb") as f:  # FileNotFoundError names the path
+        listing = json.loads(bytes(unseal(f.read(), f"node table listing {path}.files")))
+    return (LocalFile(path, Sum.from_json(listing["table"])),
+            [LocalFile(name, Sum(int(size), int(crc))) for name, size, crc in listing["files"]])
 
 
 def read_nodes(spill_dir: str, ids: np.ndarray, hashes: int) -> Nodes:
     """The nodes `ids`, in that order, from their tables' files and the signature files they
-    name (write_table)."""
+    name (write_table), each checked against the Sum written with it."""
     out = np.empty(ids.size, dtype=_TABLE_ROW)
     signatures = np.empty((ids.size, hashes), dtype=np.uint16)
     for shard, members in groups_of(shard_of_node(ids)):
-        path = node_table_file(spill_dir, int(shard))
-        rows, rest = divmod(os.path.getsize(path), _TABLE_ROW.itemsize)  # FileNotFoundError names the path
-        if rest:
-            raise RuntimeError(f"near-duplicate graph: node table {path} does not hold whole rows")
-        table = mapped_ids(path, _TABLE_ROW, rows)
+        table_file, files = _table_files(node_table_file(spill_dir, int(shard)))
+        table = mapped(table_file, _TABLE_ROW, kind="node table")
         wanted = (ids[members] & _ROW_MASK).astype(np.int64)
         if wanted.size and wanted.max() >= table.size:
-            raise RuntimeError(f"near-duplicate graph: a pair names a node its table {path} does not hold")
+            raise RuntimeError(f"near-duplicate graph: a pair names a node its table {table_file.path} does not hold")
         out[members] = found = table[wanted]
-        with open(path + ".files", "rb") as f:
-            files = json.loads(f.read())
         for file, at in groups_of(found["file"]):
             if file >= len(files):
-                raise RuntimeError(f"near-duplicate graph: node table {path} names a signature file it does not list")
+                raise RuntimeError(f"near-duplicate graph: node table {table_file.path} names a signature file it "
+                                   f"does not list")
             signatures[members[at]] = signature_rows(files[int(file)], hashes, found["row"][at])
     if not np.array_equal(out["id"], ids):
         raise RuntimeError("near-duplicate graph: a pair names a node its shard's table does not hold")
@@ -296,9 +297,9 @@ def key_by_band(keyed_table, bands: int, rows: int, num_shards: int, against: bo
     for band_shard, members in groups_of(hashing.shard_of(hashes, num_shards)):
         part = BandPart.of(hashes[members], nodes[members], order_keys[members])
         if spill_dir is not None:  # the runner carries the part's nodes only, not 8 bytes per node and band
-            path = os.path.join(spill_dir, f"bands-{shard:06d}-{int(band_shard):06d}.hashes")
-            write_whole(path, part.hashes)
-            part = dataclasses.replace(part, hashes=None, hashes_file=path)
+            file = write_whole(os.path.join(spill_dir, f"bands-{shard:06d}-{int(band_shard):06d}.hashes"),
+                               np.ascontiguousarray(part.hashes))
+            part = dataclasses.replace(part, hashes=None, hashes_file=file)
         yield int(band_shard), part
     for tag, keyed in near_index.table_keys(shard, table, dense, num_shards, against):
         yield beam.pvalue.TaggedOutput(tag, keyed)

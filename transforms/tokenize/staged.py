@@ -15,8 +15,10 @@ since then fails the run, naming the file, and the rerun redoes that unit.
 from collections import Counter, deque
 
 import apache_beam as beam
+import numpy as np
 
 from flat_tokens.format.checksums import Damaged
+from transforms.local_files import LocalFile
 from transforms.progress import ProgressFile
 from transforms.read.jsonl_documents import COUNTS, LINE_COUNTS, REJECTED
 from transforms.records import TokenizedBatch
@@ -59,11 +61,13 @@ class TokenizeAndStage(TokenizeBatches):
         for tokenized in super().process(batch):
             own = self._checking if self._checking is not before else None  # a new comparison: this batch's
             written = self._writer.submit(self._area.put_batch_ids, unit, place, tokenized.ids)
-            tokenized.ids_file = self._area.batch_ids_path(unit, place)
+            if self._area.local:  # the shuffle maps this file, checked against the Sum of these ids
+                tokenized.ids_file = LocalFile.of(self._area.batch_ids_path(unit, place), tokenized.ids)
             signed = None
             if tokenized.signatures is not None and self._area.local:  # near dedup's node parts name this file
                 signed = self._writer.submit(self._area.put_batch_signatures, unit, place, tokenized.signatures)
-                tokenized.signatures_file = self._area.batch_signatures_path(unit, place)
+                tokenized.signatures_file = LocalFile.of(self._area.batch_signatures_path(unit, place),
+                                                         np.ascontiguousarray(tokenized.signatures, dtype=np.uint16))
             documents = self._area.batch_documents(tokenized, signatures_beside=signed is not None)
             self._unchecked.append((unit, place, documents, written, signed, own))
             self._stage_checked()
