@@ -68,8 +68,7 @@ def mapped(file: LocalFile, dtype, n: int | None = None, kind: str = "local file
     with open(path, "rb") as f:  # FileNotFoundError names the path
         stat = os.fstat(f.fileno())
         if stat.st_size != want.size:
-            raise Damaged(f"{kind} {path}: damaged: {stat.st_size} bytes, {want.size} were written; was the "
-                          f"run's temporary directory changed while it ran?")
+            raise Damaged(f"{kind} {path}: damaged: {stat.st_size} bytes, {want.size} were written ({_CHANGED})")
         if want.size == 0:
             return np.empty(0, dtype=dtype)
         # A plain array over the mapping; the mapping lives as long as any view of it.
@@ -78,6 +77,7 @@ def mapped(file: LocalFile, dtype, n: int | None = None, kind: str = "local file
     return values
 
 
+_CHANGED = "changed on disk since this run wrote it"
 _checked: dict[tuple, Sum] = {}
 _checked_lock = threading.Lock()
 _REMEMBERED = 1 << 16  # files a process remembers as checked; past that it forgets them all
@@ -93,8 +93,8 @@ def _check(path: str, stat: os.stat_result, values: np.ndarray, want: Sum, kind:
         return
     got = Sum(values.nbytes, crc32c(values))
     if got != want:
-        raise Damaged(f"{kind} {path}: damaged: its CRC-32C is {got.crc32c:08x}, {want.crc32c:08x} was written; was "
-                      f"the run's temporary directory changed while it ran?")
+        raise Damaged(f"{kind} {path}: damaged: its CRC-32C is {got.crc32c:08x}, {want.crc32c:08x} was written "
+                      f"({_CHANGED})")
     if time.time_ns() - max(stat.st_mtime_ns, stat.st_ctime_ns) < _SETTLED_NS:
         return  # a write in the same clock tick would leave these times as they are: not remembered
     with _checked_lock:
