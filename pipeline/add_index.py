@@ -26,6 +26,13 @@ root attributes with stats.dedup_index (and `added_by`) and the manifest's new s
 two are two objects: a process killed between them leaves a dataset whose seal does not match
 (refused by readers and verify, nothing served wrong); an error while writing the attributes
 puts the previous manifest back.
+
+Fenced like a run's writes (transforms/write/ownership.py), as the run that committed the
+dataset: the writes hold a lease and check that run's claim is still the newest before and
+after, so a `run --overwrite` that takes the output over meanwhile waits for them, or they
+take back what they did. The manifest and the attributes are replaced only while each is
+still the object found before the dataset was read (create_only.replace_if): one rewritten
+meanwhile (another `index`, a run) is left as it is, and the command says so (exit 2).
 """
 from __future__ import annotations
 
@@ -40,7 +47,8 @@ import zarr
 from fsspec.core import url_to_fs
 
 from flat_tokens import read_guard
-from flat_tokens.format import manifest
+from flat_tokens.format import manifest, storage_faults
+from flat_tokens.format.object_trees import identity
 from flat_tokens.format.index_files import (INDEX_DIRECTORY, NEAR_BANDS, SKETCH_BYTES, digest_order, encode_index,
                                              encode_near, index_file_name, index_key, near_file_name)
 from flat_tokens.tools.verify import CannotOpen, verify_dataset
@@ -51,6 +59,7 @@ from transforms.tokenize.dedup import digests_of
 from transforms.tokenize.minhash import SHINGLES, MinHashSettings, batch_signatures
 from transforms.tokenize.near_index import near_keys
 from transforms.tokenize.tokenizer import TokenizerInfo, load_encoders
+from transforms.write import ownership
 from transforms.write.zarr_store import make_store, read_root_attributes
 
 SEQUENCES_AT_ONCE = 65536  # decoded and re-encoded together: memory is one block's texts
@@ -121,6 +130,12 @@ def add_index(url: str, tokenizer: str | None = None, storage_options: dict | No
               near: MinHashSettings | None = None) -> dict:
     """Adds the dedup index to the committed dataset at `url` (with `near`, its near part too,
     for --dedup near builds with those signature settings); returns stats.dedup_index."""
+    fs, path = url_to_fs(url, **(storage_options or {}))
+    path = path.rstrip("/")
+    # The two objects this command replaces, as they are before anything is read: each is
+    # replaced only while it is still that object (create_only.replace_if), so a run that
+    # replaced the dataset meanwhile, or another `index`, is never overwritten.
+    as_found = {name: _read_object(fs, f"{path}/{name}") for name in (manifest.MANIFEST, "zarr.json", ".zattrs")}
     try:
         problems = verify_dataset(url, storage_options=storage_options)
     except CannotOpen as e:
@@ -128,6 +143,7 @@ def add_index(url: str, tokenizer: str | None = None, storage_options: dict | No
     if problems:
         raise IndexRefused(f"{url} fails verification ({problems[0]}); a dataset that is not whole is not indexed")
     attrs = read_root_attributes(url, storage_options)
+    owner = _committing_run(fs, path, url, attrs)
     stats = attrs.get("stats") or {}
     if stats.get("dedup_index"):
         raise IndexRefused(f"{url} already has a dedup index")
@@ -155,26 +171,20 @@ def add_index(url: str, tokenizer: str | None = None, storage_options: dict | No
     if near is not None:
         keys, sketches = np.concatenate(keys)[kept], np.concatenate(sketches)[kept]
 
-    fs, path = url_to_fs(url, **(storage_options or {}))
-    directory = posixpath.join(path.rstrip("/"), INDEX_DIRECTORY)
-    fs.makedirs(directory, exist_ok=True)
+    directory = posixpath.join(path, INDEX_DIRECTORY)
     shards = max(1, -(-digests.shape[0] // TEXTS_PER_SHARD))
-    counts, written = {}, {}
+    counts, files = {}, {}
     by_shard = hashing.content_shards(digests, int(attrs.get("seed", 0)), shards)
     for shard in np.unique(by_shard).tolist():
         chosen = by_shard == shard
         data = encode_index(digests[chosen], splits[chosen])
-        name = posixpath.join(directory, index_file_name(shard, shards))
         if near is not None:  # in the exact file's order (digest_order), as a build writes it
             rows = np.flatnonzero(chosen)[digest_order(digests[chosen])]
             near_data = encode_near(keys[rows], sketches[rows])
-            near_name = posixpath.join(directory, near_file_name(shard, shards))
-            create_only.put_new(fs, near_name, near_data)
-            written[index_key(near_name)] = near_data
+            files[posixpath.join(directory, near_file_name(shard, shards))] = near_data
             counts[dedup_index.NEAR_BYTES] = counts.get(dedup_index.NEAR_BYTES, 0) + len(near_data)
             counts[dedup_index.NEAR_FILES] = counts.get(dedup_index.NEAR_FILES, 0) + 1
-        create_only.put_new(fs, name, data)
-        written[index_key(name)] = data
+        files[posixpath.join(directory, index_file_name(shard, shards))] = data
         for key, n in ((dedup_index.INDEX_DOCUMENTS, int(chosen.sum())), (dedup_index.INDEX_BYTES, len(data)),
                        (dedup_index.INDEX_FILES, 1)):
             counts[key] = counts.get(key, 0) + n
@@ -184,31 +194,93 @@ def add_index(url: str, tokenizer: str | None = None, storage_options: dict | No
                                                  "hashes": near.hashes})
     new_attrs = {k: v for k, v in attrs.items() if k != manifest.ATTRIBUTE}
     new_attrs["stats"] = {**stats, "dedup_index": described}
+    manifest_bytes = None
     if listed is not None:
-        previous = listed.to_bytes()
-        listed.objects.update({key: manifest.Entry.of(data) for key, data in written.items()})
+        listed.objects.update({index_key(name): manifest.Entry.of(data) for name, data in files.items()})
         manifest_bytes = listed.to_bytes()
         new_attrs[manifest.ATTRIBUTE] = manifest.seal(manifest_bytes, new_attrs)
-        where = posixpath.join(path.rstrip("/"), manifest.MANIFEST)
-        fs.pipe_file(where, manifest_bytes)
+    # As the run that committed the dataset, fenced like its writes (transforms/write/ownership.py):
+    # a run that takes the output over waits for this write, or this write takes back what it did.
+    with ownership.fenced(url, owner, "its dedup index (flat-tokens index)", storage_options) as lease:
+        for name, (was, _) in as_found.items():  # before writing anything: most such races end here
+            if identity(fs, f"{path}/{name}") != was:
+                raise _changed(url, name)
         try:
-            _write_attributes(fs, path.rstrip("/"), new_attrs)
-        except BaseException:
-            fs.pipe_file(where, previous)
+            fs.makedirs(directory, exist_ok=True)
+            for name, data in files.items():
+                create_only.put_new(fs, name, data, lease.ledger)
+            attributes = (_attributes_file(as_found), _attributes_bytes(as_found, new_attrs))
+            if manifest_bytes is None:
+                _replace(fs, url, path, as_found, *attributes, lease)
+            else:
+                replaced = _replace(fs, url, path, as_found, manifest.MANIFEST, manifest_bytes, lease)
+                try:
+                    _replace(fs, url, path, as_found, *attributes, lease)
+                except BaseException:  # the previous manifest back, while the one there is still this write's
+                    create_only.replace_if(fs, f"{path}/{manifest.MANIFEST}", as_found[manifest.MANIFEST][1],
+                                           replaced)
+                    raise
+        except IndexRefused:  # the index files it created go too: the dataset is left as it was found
+            for name, created in list(lease.ledger.created.items()):
+                create_only.take_back(fs, name, created)
+            lease.ledger.created.clear()
             raise
-    else:
-        _write_attributes(fs, path.rstrip("/"), new_attrs)
     return described
 
 
-def _write_attributes(fs, path: str, attrs: dict) -> None:
-    """The root attributes, in place: `.zattrs` (zarr 2) or the attributes of `zarr.json` (zarr 3)."""
-    if fs.exists(f"{path}/zarr.json"):
-        document = json.loads(fs.cat_file(f"{path}/zarr.json"))
-        document["attributes"] = attrs
-        fs.pipe_file(f"{path}/zarr.json", json.dumps(document, indent=2).encode())
-    else:
-        fs.pipe_file(f"{path}/.zattrs", json.dumps(attrs, indent=2).encode())
+def _read_object(fs, where: str) -> tuple[tuple | None, bytes | None]:
+    """(identity, bytes) of the object at `where`, or (None, None) when there is none. An object
+    replaced between the two is caught later: its identity is no longer the one found."""
+    ident = identity(fs, where)
+    if ident is None:
+        return None, None
+    try:
+        return ident, storage_faults.cat_file(fs, where, where)
+    except FileNotFoundError:
+        return None, None
+
+
+def _committing_run(fs, path: str, url: str, attrs: dict) -> str:
+    """The run id this command writes as: the one that committed the dataset and holds the
+    output's newest claim (none for a dataset of a version before claims)."""
+    generation, holder = ownership.current_owner(fs, path)
+    if generation == 0:
+        return ""
+    committed_by = attrs.get("run_id", "")
+    if holder != committed_by:
+        raise IndexRefused(f"{url}: run {holder} holds the output's newest claim, not run {committed_by}, which "
+                           f"committed the dataset: another run is replacing it; nothing was written")
+    return holder
+
+
+def _changed(url: str, name: str) -> IndexRefused:
+    return IndexRefused(f"{url}/{name}: changed while this command read the dataset (another run or `flat-tokens "
+                        f"index` wrote it); nothing was replaced: run the same command again")
+
+
+def _attributes_file(found: dict) -> str:
+    return "zarr.json" if found["zarr.json"][0] is not None else ".zattrs"
+
+
+def _attributes_bytes(found: dict, attrs: dict) -> bytes:
+    """The root attributes' object with `attrs`: `.zattrs` (zarr 2), or zarr 3's `zarr.json`
+    as found with its attributes replaced."""
+    if found["zarr.json"][0] is None:
+        return json.dumps(attrs, indent=2).encode()
+    document = json.loads(found["zarr.json"][1])
+    document["attributes"] = attrs
+    return json.dumps(document, indent=2).encode()
+
+
+def _replace(fs, url: str, path: str, found: dict, name: str, data: bytes, lease) -> tuple:
+    """Replaces the dataset's object `name` with `data` while it is the object `found` at the
+    start; its new identity, in the write's ledger (taken back should this run lose the output)."""
+    was = found[name][0]
+    replaced = create_only.replace_if(fs, f"{path}/{name}", data, was) if was is not None else None
+    if replaced is None:
+        raise _changed(url, name)
+    lease.ledger.created_object(f"{path}/{name}", replaced)
+    return replaced
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -225,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     near = MinHashSettings(a.near_shingle, a.near_shingle_size, a.near_hashes) if a.dedup == "near" else None
     try:
         described = add_index(a.dataset, a.tokenizer, near=near)
-    except (IndexRefused, read_guard.DatasetError, create_only.ObjectConflict) as e:
+    except (IndexRefused, read_guard.DatasetError, create_only.ObjectConflict, ownership.OutputError) as e:
         print(f"flat-tokens index: error: {e}", file=sys.stderr)
         return 2
     print(f"{a.dataset}: dedup index added: {described['documents']:,} texts in {described['files']} files, "

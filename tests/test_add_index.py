@@ -15,7 +15,9 @@ import zarr
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 from flat_tokens.tools import verify
+from tests.gcs_emulator import BUCKET, gcs  # noqa: F401 - pytest fixture
 from tests.helpers import REPO, SAMPLE, run_pipeline, stats, write_jsonl
+from flat_tokens.format.claims import LEASE_PREFIX
 from flat_tokens.format.index_files import INDEX_DIRECTORY, decode_index
 
 
@@ -148,3 +150,91 @@ def test_with_dedup_near_the_index_has_its_near_part_and_near_copies_are_found(t
     assert stats(later)["dedup_against_near"] == 10
     got = set(decoded(later, "train", bpe_tokenizer)) | set(decoded(later, "validation", bpe_tokenizer))
     assert got == set(texts[40:60])
+
+
+def a_plain_dataset(tmp_path) -> Path:
+    write_jsonl(tmp_path / "in.jsonl", sample_texts()[:60])
+    out = tmp_path / "out.zarr"
+    run_pipeline("--input", tmp_path / "in.jsonl", "--tokenizer", "bytes", "--output", out)
+    return out
+
+
+def top_level(out: Path) -> dict:
+    return {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+
+
+@pytest.mark.slow
+def test_a_run_that_takes_the_output_over_while_index_reads_it_stops_index_before_it_writes(tmp_path, monkeypatch):
+    """`index` writes as the run that committed the dataset, fenced like that run's writes: a
+    run that claims the output meanwhile (a `run --overwrite` of the same path) wins, and
+    `index` stops without writing anything there."""
+    from pipeline import add_index
+    from transforms.write import ownership
+
+    out = a_plain_dataset(tmp_path)
+    before = top_level(out)
+    generation, committed_by = ownership.current_owner(*ownership.split_url(str(out)))
+    assert generation >= 1 and committed_by == json.loads((out / ".zattrs").read_text())["run_id"]
+    reading = add_index.split_digests
+
+    def taken_over_while_reading(*args, **kwargs):
+        ownership.claim(str(out), "a-newcomer", generation + 1)
+        return reading(*args, **kwargs)
+
+    monkeypatch.setattr(add_index, "split_digests", taken_over_while_reading)
+    with pytest.raises(ownership.OutputTaken, match="took it over"):
+        add_index.add_index(str(out))
+    assert not (out / INDEX_DIRECTORY).exists()
+    after = top_level(out)
+    assert after.pop(f".flat-tokens-run.{generation + 1}") and after == before  # no lease left, nothing replaced
+
+
+@pytest.mark.slow
+def test_attributes_rewritten_while_index_reads_the_dataset_are_left_as_they_are(tmp_path, monkeypatch):
+    """The manifest and root attributes are replaced only while each is the object found
+    before the dataset was read: one rewritten meanwhile (another `index`, a run) is kept,
+    the command says so (exit 2 from the command line), and the dataset is as it was."""
+    from pipeline import add_index
+
+    out = a_plain_dataset(tmp_path)
+    reading = add_index.split_digests
+
+    def rewritten_while_reading(*args, **kwargs):
+        again = out / ".zattrs.again"
+        again.write_bytes((out / ".zattrs").read_bytes())
+        os.replace(again, out / ".zattrs")  # the same bytes, another object
+        return reading(*args, **kwargs)
+
+    monkeypatch.setattr(add_index, "split_digests", rewritten_while_reading)
+    before = top_level(out)
+    with pytest.raises(add_index.IndexRefused, match=r"\.zattrs: changed while this command read the dataset"):
+        add_index.add_index(str(out))
+    assert top_level(out) == before and not (out / INDEX_DIRECTORY).exists()
+    assert verify.verify_dataset(str(out)) == []
+    monkeypatch.undo()
+    proc = index(out)  # the same command again: indexed
+    assert proc.returncode == 0, proc.stderr
+    assert verify.verify_dataset(str(out)) == [] and stats(out)["dedup_index"]["documents"] == 60
+
+
+@pytest.mark.slow
+def test_a_zarr_3_dataset_on_gcs_gets_its_index_through_conditional_replaces(tmp_path, gcs):
+    """On GCS the manifest and `zarr.json` are replaced by uploads valid only for the
+    generation found before the dataset was read (ifGenerationMatch), against the emulator."""
+    write_jsonl(tmp_path / "in.jsonl", sample_texts()[:80])
+    url = f"gs://{BUCKET}/indexed-later.zarr"
+    run_pipeline("--input", tmp_path / "in.jsonl", "--tokenizer", "bytes", "--output", url, "--zarr_format", "3",
+                 env=gcs.env)
+    generation = gcs.fs.info(f"{BUCKET}/indexed-later.zarr/zarr.json")["generation"]
+    env = {**os.environ, **gcs.env}
+    proc = subprocess.run([sys.executable, "-m", "pipeline.cli", "index", url], cwd=REPO, capture_output=True,
+                          text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert gcs.fs.info(f"{BUCKET}/indexed-later.zarr/zarr.json")["generation"] != generation
+    document = json.loads(gcs.fs.cat_file(f"{BUCKET}/indexed-later.zarr/zarr.json"))
+    assert document["node_type"] == "group" and document["attributes"]["stats"]["dedup_index"]["documents"] == 80
+    proc = subprocess.run([sys.executable, "-m", "pipeline.cli", "verify", url], cwd=REPO, capture_output=True,
+                          text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    names = [p.rsplit("/", 1)[-1] for p in gcs.fs.ls(f"{BUCKET}/indexed-later.zarr", detail=False)]
+    assert not [n for n in names if n.startswith(LEASE_PREFIX)] and INDEX_DIRECTORY in names  # the lease given back

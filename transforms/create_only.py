@@ -230,7 +230,7 @@ def adopt(fs, path: str, data: bytes, found: tuple, ledger: Ledger) -> None:
     that has just confirmed it owns the output. An object taken back meanwhile is created
     again; other bytes there since are a conflict (ObjectConflict)."""
     for _ in range(5):
-        rewritten = _replace_if(fs, path, data, found)
+        rewritten = replace_if(fs, path, data, found)
         if rewritten is not None:
             ledger.created_object(path, rewritten)
             return
@@ -240,8 +240,10 @@ def adopt(fs, path: str, data: bytes, found: tuple, ledger: Ledger) -> None:
     raise ObjectConflict(path)
 
 
-def _replace_if(fs, path: str, data: bytes, found: tuple) -> tuple | None:
-    """Replaces the object at `path` with `data` if it is still `found`; the new identity, or None."""
+def replace_if(fs, path: str, data: bytes, found: tuple) -> tuple | None:
+    """Replaces the object at `path` with `data` if it is still `found` (its identity when it was
+    read); the new identity, or None when it is not (another write came in between). The one
+    replacing write: adopt's, and `flat-tokens index`'s of the manifest and root attributes."""
     if is_local(fs):
         temporary = _write_temporary(path, data)
         try:
