@@ -231,7 +231,7 @@ def read_manifest(prefix: str, storage_options: dict) -> list[str] | None:
         return None
     pattern = _part_name(posixpath.basename(path))
     try:
-        data = json.loads(fs.cat_file(path + MANIFEST))
+        data = storage_faults.read_json(fs, path + MANIFEST, name)
         parts = data["parts"]
         if data.get("written_by") != "flat-tokens export" or not isinstance(parts, list):
             raise ValueError("not written by flat-tokens export")

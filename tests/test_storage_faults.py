@@ -2,6 +2,7 @@
 Through a fault-injecting proxy (tests/fault_proxy.py) in front of the GCS emulator: a body cut
 short is read again, not called damaged; an outage is waited out, or ends in one line and exit
 1 once the patience runs out; a run through 503s, 429s and resets writes the same bytes."""
+import json
 import subprocess
 import sys
 import time
@@ -428,3 +429,36 @@ def test_the_commit_reads_a_zarr3_shard_cut_short_again(gcs, tokenizer_on_gcs, p
     assert proxy.faults == 1
     assert verify.main([f"gs://{BUCKET}/{output}", "--storage_option", f"endpoint_url={proxy.url}",
                         "--storage_option", "token=anon"]) == 0, capsys.readouterr()
+
+
+def test_verify_reads_a_manifest_cut_short_again(on_gcs, proxy, capsys):
+    """The manifest is read to check every object against it: cut short once, it was called
+    an edit ("the dataset cannot be trusted"); a fresh read is the one judged."""
+    name = f"{NAME}/flat-tokens-manifest.json"
+    proxy.truncate(name)
+    assert verify.main(verify_args(proxy)) == 0, capsys.readouterr()
+    assert proxy.faults == 1 and proxy.get_count(name) >= 2
+
+
+@pytest.mark.slow
+def test_a_build_against_an_earlier_dataset_reads_its_index_again_when_cut_short(gcs, tokenizer_on_gcs, proxy,
+                                                                                capsys):
+    """--dedup_against reads the earlier datasets' index files, and verify reads a dataset's
+    own: a body cut short failed the build (its manifest entry differs) and verify; a fresh
+    read is the one judged, and the build removes what an uncut one removes."""
+    earlier = "earlier-indexed.zarr"
+    run_pipeline("--input", SAMPLE / "corpus-1.jsonl", "--tokenizer", tokenizer_on_gcs, "--output",
+                 f"gs://{BUCKET}/{earlier}", "--dedup", "exact", env={**_env(), **proxy.env}, timeout=300)
+    proxy.truncate(f"{earlier}/dedup_index/")
+    assert verify.main([f"gs://{BUCKET}/{earlier}", "--storage_option", f"endpoint_url={proxy.url}",
+                        "--storage_option", "token=anon"]) == 0, capsys.readouterr()
+    assert proxy.faults == 1
+    removed = {}
+    for output, cut in (("against-whole.zarr", False), ("against-cut.zarr", True)):
+        if cut:
+            proxy.truncate(f"{earlier}/dedup_index/")
+        proc = _run_through(proxy, gcs, output, "--dedup", "exact", "--dedup_against", f"gs://{BUCKET}/{earlier}",
+                            check=False)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        removed[cut] = json.loads(gcs.fs.cat_file(f"{BUCKET}/{output}/.zattrs"))["stats"]["dedup_against"]
+    assert proxy.faults == 2 and removed[True] == removed[False] > 0

@@ -15,9 +15,10 @@ import re
 import struct
 
 import numpy as np
+from fsspec.core import url_to_fs
 
 from flat_tokens.format import storage_faults
-from flat_tokens.format.checksums import Damaged, seal, unseal
+from flat_tokens.format.checksums import Damaged, object_entry, seal, unseal
 
 INDEX_DIRECTORY = "dedup_index"  # inside the dataset (transforms/write/ownership.py knows it as the layout's)
 INDEX_MAGIC = b"FTx1"  # "flat-tokens, exact-text index, version 1"
@@ -151,7 +152,7 @@ def index_problems(fs, base: str, described: dict, listed=None) -> list[str]:
         return [f"dedup index: near files in {INDEX_DIRECTORY}/ that its commit does not record"]
     documents, problems = 0, []
     for name in names:
-        data = fs.cat_file(name)
+        data = _read_listed(fs, name, listed)
         why = None if listed is None else listed.problem(index_key(name), data)
         if why:
             problems.append(f"dedup index: {index_key(name)} {why}")
@@ -169,9 +170,26 @@ def index_problems(fs, base: str, described: dict, listed=None) -> list[str]:
     return problems
 
 
+def _read_listed(fs, name: str, listed) -> bytes:
+    """An index file's bytes, read again while they are not what the manifest lists there (a
+    body cut short in transit: storage_faults); the caller judges the last read."""
+    judge = None if listed is None else (lambda data: listed.problem(index_key(name), data))
+    return storage_faults.cat_file(fs, name, name, judge)
+
+
+def read_listed(url: str, expected: tuple | None, storage_options: dict | None = None) -> bytes:
+    """An earlier dataset's index file (--dedup_against), read again while it is not the object
+    its manifest lists (`expected`, its object_entry: a body cut short in transit); the caller
+    judges the last read."""
+    fs, path = url_to_fs(url, **(storage_options or {}))
+    judge = None if expected is None else (lambda data: None if object_entry(data) == tuple(expected)
+                                           else "not the object its manifest lists")
+    return storage_faults.cat_file(fs, path, url, judge)
+
+
 def _near_problems(fs, name: str, documents: int, listed) -> list[str]:
     """What is wrong with the near file `name`, beside an exact file of `documents` texts."""
-    data = fs.cat_file(name)
+    data = _read_listed(fs, name, listed)
     why = None if listed is None else listed.problem(index_key(name), data)
     if why:
         return [f"dedup index: {index_key(name)} {why}"]

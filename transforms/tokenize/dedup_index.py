@@ -41,7 +41,7 @@ from flat_tokens.format.checksums import object_entry
 from transforms.records import RecordCoder
 from flat_tokens.format.index_files import (INDEX_DIRECTORY, INDEX_MAGIC, NEAR_BANDS, NEAR_MAGIC, MissingIndex,
                                              decode_index, digest_order, encode_index, encode_near, index_file_name,
-                                             near_file_name)
+                                             near_file_name, read_listed)
 from transforms.tokenize.minhash import MinHashSettings
 from transforms.tokenize.near_index import NEAR_AGAINST, ROWS, sketch_bits
 
@@ -113,8 +113,7 @@ def read_earlier(item: tuple[int, str, tuple | None], seed: int, num_shards: int
     of this build's dedup shards. A file that is not the one its dataset's manifest lists (moved
     to another shard's name, copied from another dataset) fails the build, naming it."""
     dataset, url, expected = item
-    fs, path = url_to_fs(url, **(storage_options or {}))
-    data = fs.cat_file(path)
+    data = read_listed(url, expected, storage_options)
     if expected is not None and object_entry(data) != tuple(expected):
         raise MissingIndex(f"--dedup_against: {url} is not the file its dataset's manifest lists there (moved, "
                            f"copied from another dataset, or damaged); rebuild that dataset with --overwrite")

@@ -49,7 +49,6 @@ from dataclasses import dataclass, fields
 
 import apache_beam as beam
 import numpy as np
-from fsspec.core import url_to_fs
 
 from transforms import hashing
 from flat_tokens.format.checksums import object_entry
@@ -57,7 +56,7 @@ from transforms.records import RecordCoder
 from transforms.segments import groups_of
 from transforms.tokenize import minhash
 from flat_tokens.format.index_files import (NEAR_BANDS, SKETCH_BYTES, MissingIndex, decode_index, decode_near,
-                                             digest_order)
+                                             digest_order, read_listed)
 
 ROWS = 4  # bins a band key covers
 BAND_BINS = NEAR_BANDS * ROWS  # the bins the band keys cover; the sketch's follow
@@ -201,8 +200,7 @@ def read_earlier_near(item: tuple, num_shards: int, storage_options: dict | None
     dataset, exact_url, exact_entry, near_url, near_entry = item
     data = {}
     for url, expected in ((exact_url, exact_entry), (near_url, near_entry)):
-        fs, path = url_to_fs(url, **(storage_options or {}))
-        data[url] = fs.cat_file(path)
+        data[url] = read_listed(url, expected, storage_options)
         if expected is not None and object_entry(data[url]) != tuple(expected):
             raise MissingIndex(f"--dedup_against: {url} is not the file its dataset's manifest lists there (moved, "
                                f"copied from another dataset, or damaged); rebuild that dataset with --overwrite")
