@@ -457,7 +457,12 @@ def _main(argv, options, ft, stopping: _Stopping) -> int:
         return _fail(str(e), USAGE_ERROR)
     except storage_faults.StorageUnavailable as e:  # no configuration error: the same command, later
         return _fail(str(e), PIPELINE_FAILED)
-    plan.resume = resume.prepare(plan, ft, found, plan.target.storage_options)
+    try:
+        plan.resume = resume.prepare(plan, ft, found, plan.target.storage_options)
+    except storage_faults.StorageUnavailable as e:
+        return _fail(str(e), PIPELINE_FAILED)
+    except OSError as e:  # a full disk, a read-only output: the same command, once that is mended
+        return _fail(f"--output {ft.output}: cannot write its staging area ({e})", PIPELINE_FAILED)
     for notable, line in resume.describe(plan.resume):
         (logs.log().warning if notable else logs.log().info)(line)
     damage = resume.damage_report(plan.resume)

@@ -85,3 +85,42 @@ def test_a_file_written_just_now_is_checked_at_every_read(tmp_path):
     flip(fresh.path, 5)
     age(fresh.path, 60)  # an old modification time is not enough: its change time is now
     assert np.array_equal(mapped(fresh, "uint16"), values) and not remembered(fresh.path)
+
+
+def _staged(tmp_path, data):
+    from transforms import staging
+    staging.StagingArea(str(tmp_path / "out")).put("units/u/one", data)
+
+
+def _created(tmp_path, data):
+    import fsspec
+
+    from transforms import create_only
+    create_only.put_new(fsspec.filesystem("file"), str(tmp_path / "out" / "one"), data)
+
+
+@pytest.mark.parametrize("write", [
+    lambda tmp_path, data: write_whole(str(tmp_path / "out" / "one"), data), _staged, _created],
+    ids=["spill file", "staged file", "create-only object"])
+def test_a_write_the_disk_refuses_names_its_file_and_leaves_no_part_of_it(tmp_path, write):
+    """A full disk (here a file size limit, EFBIG, which fails a write as ENOSPC does): the
+    error names the file (a write's own names none: the run said only "No space left on
+    device [while running 'Tokenize']"), and no temporary file is left to fill the disk."""
+    import errno
+    import resource
+    import signal
+
+    (tmp_path / "out").mkdir()
+    data = np.zeros(1 << 16, dtype=np.uint8).tobytes()
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # else the kernel stops the process
+    resource.setrlimit(resource.RLIMIT_FSIZE, (4096, limit[1]))
+    try:
+        with pytest.raises(OSError) as e:
+            write(tmp_path, data)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limit)
+        signal.signal(signal.SIGXFSZ, handler)
+    assert e.value.errno == errno.EFBIG and "one" in str(e.value) and str(tmp_path) in str(e.value)
+    left = [os.path.join(d, f) for d, _, files in os.walk(tmp_path / "out") for f in files]
+    assert left == []

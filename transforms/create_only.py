@@ -181,6 +181,10 @@ def _write_temporary(path: str, data: bytes) -> str:
         except FileNotFoundError:
             if attempt == 2:
                 raise
+        except OSError as e:  # a full disk: say which object (a write's error names none), and leave no part of it
+            if os.path.exists(temporary):
+                os.unlink(temporary)
+            raise OSError(e.errno, e.strerror, path) from None
     return temporary
 
 

@@ -48,8 +48,13 @@ class LocalFile(NamedTuple):
 def write_whole(path: str, values) -> LocalFile:
     """Writes `values` (a contiguous array or buffer) to `path`, under a temporary name first."""
     temporary = f"{path}.{uuid.uuid4().hex}.tmp"
-    with open(temporary, "wb") as f:
-        f.write(values.data if isinstance(values, np.ndarray) else values)
+    try:
+        with open(temporary, "wb") as f:
+            f.write(values.data if isinstance(values, np.ndarray) else values)
+    except OSError as e:  # a full disk: say which file (a write's error names none), and leave no part of it
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+        raise OSError(e.errno, e.strerror, path) from None
     os.replace(temporary, path)
     return LocalFile.of(path, values)
 

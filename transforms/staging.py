@@ -203,6 +203,10 @@ class StagingArea:
                 # and removed the area. Write it again (this run stops at its claim anyway).
                 if attempt == 2:
                     raise
+            except OSError as e:  # a full disk: say which file (a write's error names none), and leave no part of it
+                if os.path.exists(temporary):
+                    os.unlink(temporary)
+                raise OSError(e.errno, e.strerror, path) from None
         return path
 
     def put_batch_ids(self, unit: str, place: int, ids: np.ndarray) -> Sum:
