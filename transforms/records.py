@@ -374,8 +374,7 @@ class DedupPart:
         """The ids of documents `members` of the part, concatenated in that order."""
         if self.ids_file is not None:
             return take_documents(mapped(self.ids_file, self.ids_dtype, self.file_ids, kind="staged file"),
-                                  self.starts[members],
-                                  self.lengths[members])
+                                  self.starts[members], self.lengths[members])
         ids = np.frombuffer(_SHUFFLE_CODEC.decode(self.packed_ids), dtype=self.ids_dtype)
         return take_documents(ids, (np.cumsum(self.lengths) - self.lengths)[members], self.lengths[members])
 
