@@ -48,6 +48,12 @@ def test_a_file_reads_back_as_written_and_names_itself_when_it_is_not(tmp_path):
     assert mapped(empty, "uint16", 0).size == 0
 
 
+def later(path) -> None:
+    """Moves the file's modification time a second on, as a write a tick later would."""
+    st = os.stat(path)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+
+
 def remembered(path) -> bool:
     return any(key[0] == path for key in local_files._checked)
 
@@ -60,12 +66,12 @@ def test_a_remembered_check_holds_only_while_the_file_is_as_it_was(tmp_path, mon
     values = np.random.default_rng(0).integers(0, 2**16, 50_000).astype(np.uint16)
     settled = write_whole(str(tmp_path / "settled"), values)
     assert np.array_equal(mapped(settled, "uint16"), values) and remembered(settled.path)
-    time.sleep(0.05)  # past the kernel's clock tick (4 ms at 250 Hz), so the next write moves the file's times
     flip(settled.path, 777)
+    later(settled.path)  # the write's time, past the file system's granularity (which _SETTLED_NS waits out)
     with pytest.raises(Damaged, match="settled: damaged"):
         mapped(settled, "uint16")
-    time.sleep(0.05)
     flip(settled.path, 777)
+    later(settled.path)
     assert np.array_equal(mapped(settled, "uint16"), values) and remembered(settled.path)
     other = write_whole(str(tmp_path / "other"), values[::-1].copy())
     os.replace(other.path, settled.path)  # another file, of the same size, in its place: another inode
