@@ -69,13 +69,12 @@ class TokenizedBatch:
         self.__dict__.update(state)
 
 
-def signature_rows(file: LocalFile, hashes: int, rows: np.ndarray, file_rows: int | None = None) -> np.ndarray:
-    """Rows `rows` of a local file of (file_rows, hashes) uint16 signatures (file_rows None:
-    as many as were written to it), mapped and checked; refused when it does not hold them."""
-    if file_rows is None:
-        file_rows, rest = divmod(file.sum.size, 2 * hashes)
-        if rest:
-            raise RuntimeError(f"signature file {file.path}: {rest} bytes past its last whole row")
+def signature_rows(file: LocalFile, hashes: int, rows: np.ndarray) -> np.ndarray:
+    """Rows `rows` of a local file of uint16 signatures, `hashes` a row (as many rows as were
+    written to it), mapped and checked; refused when it does not hold them."""
+    file_rows, rest = divmod(file.sum.size, 2 * hashes)
+    if rest:
+        raise RuntimeError(f"signature file {file.path}: {rest} bytes past its last whole row")
     if rows.size and int(rows.max()) >= file_rows:
         raise RuntimeError(f"signature file {file.path} does not hold the rows asked for: it holds {file_rows}")
     return mapped(file, "uint16", file_rows * hashes, kind="signature file").reshape(file_rows, hashes)[rows]
@@ -355,8 +354,7 @@ class DedupPart:
     lengths: np.ndarray  # int64
     packed_ids: bytes  # as in ShardPart; empty when the ids are in `ids_file`
     ids_dtype: str
-    ids_file: LocalFile | None = None  # the batch's ids file, holding `file_ids` ids
-    file_ids: int = 0
+    ids_file: LocalFile | None = None  # the batch's ids file
     starts: np.ndarray | None = None  # where each document starts in `ids_file`
 
     @classmethod
@@ -368,12 +366,12 @@ class DedupPart:
     def in_file(cls, file_key, split, offsets, digests, lengths, ids_file: LocalFile, ids: np.ndarray,
                 starts: np.ndarray) -> "DedupPart":
         """A part whose documents are at `starts` of the local file `ids_file`, which holds `ids`."""
-        return cls(file_key, split, offsets, digests, lengths, b"", ids.dtype.name, ids_file, int(ids.size), starts)
+        return cls(file_key, split, offsets, digests, lengths, b"", ids.dtype.name, ids_file, starts)
 
     def documents(self, members: np.ndarray) -> np.ndarray:
         """The ids of documents `members` of the part, concatenated in that order."""
         if self.ids_file is not None:
-            return take_documents(mapped(self.ids_file, self.ids_dtype, self.file_ids, kind="staged file"),
+            return take_documents(mapped(self.ids_file, self.ids_dtype, kind="staged file"),
                                   self.starts[members], self.lengths[members])
         ids = np.frombuffer(_SHUFFLE_CODEC.decode(self.packed_ids), dtype=self.ids_dtype)
         return take_documents(ids, (np.cumsum(self.lengths) - self.lengths)[members], self.lengths[members])
@@ -426,16 +424,15 @@ class NodePart:
     ranks: np.ndarray  # uint64
     votes: np.ndarray  # int8
     signatures: np.ndarray | None = None  # (n, K) uint16
-    signature_file: LocalFile | None = None  # a file of (file_rows, K) uint16 signatures ...
+    signature_file: LocalFile | None = None  # a file of uint16 signatures, K a row ...
     rows: np.ndarray | None = None  # ... whose rows these documents' are
-    file_rows: int = 0
     hashes: int = 0  # K
 
     def signatures_of(self, members: np.ndarray) -> np.ndarray:
         """The signatures of documents `members` of the part."""
         if self.signature_file is None:
             return self.signatures[members]
-        return signature_rows(self.signature_file, self.hashes, self.rows[members], self.file_rows)
+        return signature_rows(self.signature_file, self.hashes, self.rows[members])
 
 
 @dataclass

@@ -181,7 +181,6 @@ class KeyNodes(WritesBehindWithSpillDir, beam.DoFn):
             else:
                 yield int(shard), NodePart(*keys, signature_file=file,
                                            rows=(members if rows is None else rows[members]).astype(np.uint32),
-                                           file_rows=signed.size if rows is None else batch.signatures.shape[0],
                                            hashes=signatures.shape[1])
 
 
@@ -217,8 +216,8 @@ def node_table(keyed_parts, spill_dir: str | None = None):
         files = sorted({p.signature_file for p in parts})
         number = {f: i for i, f in enumerate(files)}
         file_of_part = np.array([number[p.signature_file] for p in parts], dtype=np.uint32)
-        file_rows = np.concatenate([p.rows for p in parts])
-        write_table(spill_dir, shard, table, (files, file_of_part[part_of[first]], file_rows[first]))
+        rows_in_file = np.concatenate([p.rows for p in parts])
+        write_table(spill_dir, shard, table, (files, file_of_part[part_of[first]], rows_in_file[first]))
     yield shard, table
 
 
